@@ -1,0 +1,192 @@
+"""Configs: the harness's `RunConfig`, and typed overrides of a workload config.
+
+A workload config is a tree of frozen dataclasses built by a Python function
+(`get_config()` style, as in big_vision and the flax examples). The CLI edits it
+with dotted `KEY=VALUE` overrides (`--set optimizer.base_learning_rate=2.0`):
+each value is parsed as the type the field declares, and an unknown key or a
+value of the wrong type is an error that lists what is valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib.util
+import os
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mlbench.errors import UserError, choices
+from mlbench.workload import Workload
+
+
+class Division(enum.Enum):
+  """MLPerf division: closed enforces the rules' hyperparameter constraints."""
+
+  CLOSED = "closed"
+  OPEN = "open"
+
+
+def default_cache_dir() -> Path:
+  """Where generated datasets and derived checker rules live by default."""
+  env = os.environ.get("MLBENCH_CACHE_DIR")
+  if env:
+    return Path(env)
+  base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+  return Path(base) / "mlbench"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """Everything `mlbench run` was asked to do, apart from the workload config.
+
+  Attributes:
+    workload: registered workload name.
+    config: config name (`mini`, `full`, ...) or path to a Python file whose
+      `get_config()` returns the workload's config dataclass.
+    overrides: dotted `KEY=VALUE` edits of the workload config.
+    data_dir: where datasets are read from (and generated, for mini configs).
+    results_dir: the submission folder: `systems/` and `results/` go in it.
+    system: system description name; None derives one from the machine.
+    seed: seed of the first run (run i uses seed + i); None draws each run's
+      seed from the OS entropy pool, as MLPerf closed division requires.
+    runs: how many independent runs to perform.
+    ruleset: rules version (`4.0.0`, `0.7.0`, `mini`); None picks the config's
+      default (mini configs: `mini`; others: the newest official ruleset).
+    division: closed or open.
+    submitter: the organisation logged as `submission_org`.
+    cpu_devices: simulate this many CPU devices (a pod on one host); None
+      keeps the platform's devices.
+    clear_caches: drop the OS page cache before each run (needs root), as the
+      MLPerf rules require of submissions; logged as `cache_clear`.
+  """
+
+  workload: str
+  config: str | None = None
+  overrides: tuple[str, ...] = ()
+  data_dir: Path = dataclasses.field(default_factory=lambda: default_cache_dir() / "data")
+  results_dir: Path = Path("results")
+  system: str | None = None
+  seed: int | None = None
+  runs: int = 1
+  ruleset: str | None = None
+  division: Division = Division.CLOSED
+  submitter: str = "mlbench"
+  cpu_devices: int | None = None
+  clear_caches: bool = False
+
+
+def load(workload: Workload, name_or_path: str | None) -> tuple[str, Any]:
+  """Builds a workload config by name or from a Python file.
+
+  Returns:
+    (name, config): the config's name (the file stem for a path) and value.
+  """
+  name = name_or_path or workload.default_config
+  if name in workload.configs:
+    return name, workload.configs[name]()
+  path = Path(name)
+  if path.suffix != ".py":
+    raise UserError(f"unknown config '{name}' for {workload.name}; choose one of: "
+                    f"{choices(workload.configs)}, or give a path to a .py file")
+  if not path.is_file():
+    raise UserError(f"config file {path} does not exist; give an existing .py file "
+                    f"or one of: {choices(workload.configs)}")
+  return path.stem, _from_file(workload, path)
+
+
+def _from_file(workload: Workload, path: Path) -> Any:
+  spec = importlib.util.spec_from_file_location(f"mlbench_config_{path.stem}", path)
+  module = importlib.util.module_from_spec(spec)
+  try:
+    spec.loader.exec_module(module)
+  except Exception as e:  # A user file can fail in any way; report it on one line.
+    raise UserError(f"config file {path} failed to load: {type(e).__name__}: {e}") from e
+  if not hasattr(module, "get_config"):
+    raise UserError(f"config file {path} has no get_config(); define one that returns "
+                    f"a {workload.name} config")
+  cfg = module.get_config()
+  expected = type(workload.configs[workload.default_config]())
+  if type(cfg) is not expected:
+    raise UserError(f"{path}: get_config() returned {type(cfg).__name__}, expected "
+                    f"{expected.__module__}.{expected.__name__}")
+  return cfg
+
+
+def override(cfg: Any, assignments: Sequence[str]) -> Any:
+  """Applies dotted `KEY=VALUE` assignments to a frozen dataclass tree."""
+  for text in assignments:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+      raise UserError(f"--set expects KEY=VALUE, got '{text}'")
+    cfg = _set(cfg, key.strip().split("."), value.strip(), key.strip())
+  return cfg
+
+
+def _set(node: Any, path: list[str], value: str, full_key: str) -> Any:
+  fields = {f.name: f for f in dataclasses.fields(node)}
+  head = path[0]
+  if head not in fields:
+    raise UserError(f"unknown config key '{full_key}'; valid keys here: {choices(fields)}")
+  current = getattr(node, head)
+  if len(path) > 1:
+    if not dataclasses.is_dataclass(current):
+      raise UserError(f"config key '{full_key}': '{head}' is a value, not a section")
+    return dataclasses.replace(node, **{head: _set(current, path[1:], value, full_key)})
+  if dataclasses.is_dataclass(current):
+    sub = ", ".join(f"{head}.{f.name}" for f in dataclasses.fields(current))
+    raise UserError(f"config key '{full_key}' is a section; set one of: {sub}")
+  hint = typing.get_type_hints(type(node))[head]
+  return dataclasses.replace(node, **{head: parse_value(value, hint, full_key)})
+
+
+def parse_value(text: str, hint: Any, key: str = "value") -> Any:
+  """Parses `text` as the type `hint` (int, float, bool, str, Enum, tuples, optionals)."""
+  origin, args = typing.get_origin(hint), typing.get_args(hint)
+  if origin in (typing.Union, types.UnionType):
+    if text.lower() in ("none", "null") and type(None) in args:
+      return None
+    inner = [a for a in args if a is not type(None)]
+    return parse_value(text, inner[0], key)
+  if origin is tuple:
+    parts = [p for p in text.strip("()[] ").split(",") if p.strip()]
+    if len(args) == 2 and args[1] is Ellipsis:
+      return tuple(parse_value(p.strip(), args[0], key) for p in parts)
+    if len(parts) != len(args):
+      raise UserError(f"{key} needs {len(args)} comma-separated values, got '{text}'")
+    return tuple(parse_value(p.strip(), a, key) for p, a in zip(parts, args))
+  if isinstance(hint, type) and issubclass(hint, enum.Enum):
+    by_value = {str(m.value): m for m in hint}
+    if text in by_value:
+      return by_value[text]
+    raise UserError(f"{key} must be one of: {choices(by_value)}; got '{text}'")
+  if hint is bool:
+    if text.lower() in ("true", "1", "yes"):
+      return True
+    if text.lower() in ("false", "0", "no"):
+      return False
+    raise UserError(f"{key} must be true or false; got '{text}'")
+  if hint in (int, float):
+    try:
+      return hint(text) if hint is float else int(text, 0)
+    except ValueError:
+      raise UserError(f"{key} must be an {hint.__name__}; got '{text}'") from None
+  if hint in (str, Path):
+    return hint(text)
+  raise UserError(f"{key} has type {hint}, which --set cannot parse")
+
+
+def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
+  """{'optimizer.base_learning_rate': 2.0, ...} for a dataclass tree."""
+  out: dict[str, Any] = {}
+  for f in dataclasses.fields(cfg):
+    value = getattr(cfg, f.name)
+    key = f"{prefix}{f.name}"
+    if dataclasses.is_dataclass(value):
+      out.update(flatten(value, key + "."))
+    else:
+      out[key] = value.value if isinstance(value, enum.Enum) else value
+  return out

@@ -1,0 +1,279 @@
+"""The workload plugin contract.
+
+A workload is a frozen `Workload` value: a name, its MLPerf benchmark key, its
+configs and a handful of pure callables. Nothing is inherited. The harness owns
+the loop, `jax.jit`, sharding, the clock, input-pipeline tuning and MLPerf
+logging; a workload owns its model, its data format, its loss and its metric.
+
+Every callable takes the workload's own config (a frozen dataclass built by one
+of `Workload.configs`) as its first argument, so a workload never sees a knob it
+does not own, and the harness never reads a workload's config fields directly:
+what it needs comes back through `Workload.schedule`.
+
+The contract is shaped for the five planned workloads:
+
+* resnet50: `init` returns batch-norm statistics as `State`; `loss` updates them.
+* bert: the eval step returns per-example masked-LM hits and weights; sums.
+* ssd: the eval step returns per-image detections; `EvalSpec.host` turns them
+  into `EvalPart.rows`, which the harness concatenates across hosts before
+  `EvalSpec.compute` runs COCO evaluation once.
+* transformer: the eval step runs beam search; `EvalSpec.host` computes BLEU
+  n-gram statistics into `EvalPart.sums`, which are summed across hosts.
+* moe: `loss` adds auxiliary and router z-losses and reports them (and the
+  dropped-token fraction) as train metrics; `StepContext.mesh` gives the
+  expert-parallel dispatch its mesh; `flops_per_example` counts model FLOPs
+  without the dispatch einsums.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+Config = Any
+"""A workload's own frozen config dataclass."""
+Params = Any
+"""A pytree of trainable arrays."""
+State = Any
+"""A pytree of non-trainable model state (e.g. batch-norm statistics), or {}."""
+Array = Any
+"""A jax.Array (inside jitted code) or numpy array."""
+Batch = Mapping[str, Any]
+"""A dict of arrays; every array has the batch as its leading axis."""
+HParam = bool | int | float | str | list
+"""An MLPerf hyperparameter value as it is logged."""
+
+
+class Split(enum.Enum):
+  """Which part of a dataset."""
+
+  TRAIN = "train"
+  EVAL = "eval"
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """Batch sizes and the training budget of one config.
+
+  Attributes:
+    global_batch_size: examples per training step over all devices and hosts.
+    eval_batch_size: examples per evaluation step over all devices and hosts.
+    train_examples: examples in one epoch of the training set (logged as
+      `train_samples`).
+    eval_examples: examples in the evaluation set (logged as `eval_samples`);
+      every one is evaluated exactly once per evaluation.
+    max_train_samples: the training budget; a run that has not reached its
+      quality target by then stops with status `aborted`.
+  """
+
+  global_batch_size: int
+  eval_batch_size: int
+  train_examples: int
+  eval_examples: int
+  max_train_samples: int
+
+  @property
+  def steps_per_epoch(self) -> float:
+    return self.train_examples / self.global_batch_size
+
+  @property
+  def max_steps(self) -> int:
+    return -(-self.max_train_samples // self.global_batch_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepContext:
+  """Static facts about the parallel layout a step runs under; from the harness.
+
+  Attributes:
+    mesh: the device mesh (a `jax.sharding.Mesh`) the step is compiled for.
+      Models that need explicit per-device programs (MoE dispatch) use it with
+      `jax.shard_map`; all others ignore it.
+    bn_groups: batch-norm statistics are computed over this many equal groups of
+      the global batch (1: over the whole global batch).
+  """
+
+  mesh: Any
+  bn_groups: int = 1
+
+
+class LossFn(Protocol):
+  """`loss(cfg, ctx, params, state, batch, rng) -> (loss, (new_state, metrics))`.
+
+  Pure and traceable: the harness differentiates it with respect to `params`
+  and jits the whole step. `metrics` is a dict of scalars (for example an MoE
+  auxiliary loss or the fraction of dropped tokens) that the harness averages
+  over the steps between evaluations and reports; it must not contain `loss`.
+  """
+
+  def __call__(self, cfg: Config, ctx: StepContext, params: Params, state: State,
+               batch: Batch, rng: Array) -> tuple[Array, tuple[State, dict[str, Array]]]:
+    ...
+
+
+class EvalStepFn(Protocol):
+  """`step(cfg, ctx, params, state, batch) -> outputs`, jitted by the harness.
+
+  Returns a dict of per-example arrays (leading axis = batch). Evaluation
+  batches carry an int32 `mask` (1: real example, 0: padding) added by the
+  harness, which also drops the padded rows before `EvalSpec.host` sees them,
+  so workloads never handle padding.
+  """
+
+  def __call__(self, cfg: Config, ctx: StepContext, params: Params, state: State,
+               batch: Batch) -> dict[str, Array]:
+    ...
+
+
+@dataclasses.dataclass
+class EvalPart:
+  """What one evaluation batch (or the merge of many) contributes to a metric.
+
+  Attributes:
+    sums: arrays added across batches and hosts (hit counts, loss sums, BLEU
+      n-gram statistics, ...).
+    rows: arrays with a leading row axis, concatenated across batches and hosts
+      (detections for COCO evaluation, ...).
+    count: real (unpadded) examples seen; filled in by the harness.
+  """
+
+  sums: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  rows: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  count: int = 0
+
+
+def sum_outputs(cfg: Config, outputs: dict[str, np.ndarray], batch: Batch) -> EvalPart:
+  """The default `EvalSpec.host`: sum every per-example output over the batch."""
+  del cfg, batch
+  return EvalPart(sums={k: np.asarray(v, np.float64).sum(axis=0) for k, v in outputs.items()})
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSpec:
+  """How a workload's quality metric is computed, in three stages.
+
+  Attributes:
+    step: the device part (see `EvalStepFn`), per batch.
+    compute: the final reduction, `compute(cfg, merged_part) -> metrics`, run
+      once per evaluation on every process with identical input. The result
+      holds `Workload.quality_metric` in the units the rules use.
+    host: the host part, `host(cfg, outputs, batch) -> EvalPart`, per batch, on
+      this process's real rows only (numpy arrays).
+  """
+
+  step: EvalStepFn
+  compute: Callable[[Config, EvalPart], dict[str, float]]
+  host: Callable[[Config, dict[str, np.ndarray], Batch], EvalPart] = sum_outputs
+
+
+DecodeFn = Callable[[Any, Any], dict[str, Any]]
+"""`decode(serialized_record, seed) -> example`: TensorFlow ops, run inside tf.data.
+
+`seed` is a shape-[2] int64 tensor that differs per example and per run; use it
+with `tf.random.stateless_*` ops so augmentation is reproducible. An example is a
+dict of tensors of fixed shape (one example, no batch axis).
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+  """How the harness reads a workload's data; the harness builds the pipeline.
+
+  The harness shards files per host, interleaves, caches, shuffles, decodes in
+  parallel, batches, pads the evaluation set, and prefetches to devices. The
+  workload only names its files and decodes one record.
+
+  Attributes:
+    files: `files(cfg, data_dir, split) -> paths` of TFRecord files. Raises
+      `mlbench.errors.UserError` naming the expected layout if they are missing.
+    decode: `decode(cfg, split) -> DecodeFn`.
+    prepare: `prepare(cfg, data_dir)` creates the dataset under `data_dir` if
+      this config's data can be generated locally (the mini configs) and does
+      nothing if it is already there; None if the data must be supplied. Runs
+      before the benchmark, like MLPerf's `init_datasets.sh`.
+  """
+
+  files: Callable[[Config, Path, Split], Sequence[str]]
+  decode: Callable[[Config, Split], DecodeFn]
+  prepare: Callable[[Config, Path], None] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+  """A benchmark plugin. Register it under the `mlbench.workloads` entry point.
+
+  Attributes:
+    name: the CLI name (`mlbench run <name>`).
+    benchmark: the MLPerf benchmark key (`resnet`, `bert`, ...); selects the
+      rules and names the results folder.
+    quality_metric: the key of `EvalSpec.compute`'s result that the rules'
+      quality target applies to.
+    configs: config name -> function returning a fresh config. `mini` trains to
+      its target on a CPU in minutes; `full` is the MLPerf reference setup.
+    schedule: batch sizes and training budget of a config.
+    init: `init(cfg, rng) -> (params, state)`; pure, the harness jits it with
+      sharded outputs so nothing is ever materialised unsharded.
+    loss: see `LossFn`.
+    optimizer: `optimizer(cfg, schedule) -> optax.GradientTransformation`.
+    input: see `InputSpec`.
+    eval: see `EvalSpec`.
+    synthetic_batch: `synthetic_batch(cfg, split, batch_size, rng) -> Batch` of
+      realistic random data with the exact keys, shapes and dtypes that
+      `decode` produces (the harness adds `mask` to evaluation batches). Used
+      for tests and for compiling from shapes.
+    hparams: `hparams(cfg, schedule, ctx) -> {mlperf_key: value}`: the
+      workload's MLPerf hyperparameter keys (optimizer, schedule, model
+      choices; `model_bn_span` from `ctx.bn_groups` for batch-norm models). The
+      harness adds `global_batch_size`, `train_samples`, `eval_samples`,
+      `gradient_accumulation_steps` and `seed`.
+    partition_rules: `partition_rules(cfg) -> [(regex, logical PartitionSpec)]`
+      matched against parameter paths like `layer_0/attention/query/kernel`;
+      the harness maps the logical axis names onto the mesh. Default: none,
+      everything replicated.
+    flops_per_example: analytic model FLOPs of one training example (forward
+      and backward), or None to let the harness count them with XLA.
+    default_config: the config `mlbench run <name>` uses.
+  """
+
+  name: str
+  benchmark: str
+  quality_metric: str
+  configs: Mapping[str, Callable[[], Config]]
+  schedule: Callable[[Config], Schedule]
+  init: Callable[[Config, Array], tuple[Params, State]]
+  loss: LossFn
+  optimizer: Callable[[Config, Schedule], Any]
+  input: InputSpec
+  eval: EvalSpec
+  synthetic_batch: Callable[[Config, Split, int, np.random.Generator], Batch]
+  hparams: Callable[[Config, Schedule, StepContext], Mapping[str, HParam]]
+  partition_rules: Callable[[Config], Sequence[tuple[str, Any]]] = lambda cfg: ()
+  flops_per_example: Callable[[Config], float] | None = None
+  default_config: str = "mini"
+
+
+def lazy(target: str) -> Callable[..., Any]:
+  """A callable that imports `"package.module:function"` on first call.
+
+  Lets a workload's `__init__` define its `Workload` without importing JAX,
+  Flax or TensorFlow, so `mlbench list` stays fast.
+  """
+  module, _, attr = target.partition(":")
+
+  @functools.cache
+  def resolve() -> Callable[..., Any]:
+    return getattr(importlib.import_module(module), attr)
+
+  def call(*args: Any, **kwargs: Any) -> Any:
+    return resolve()(*args, **kwargs)
+
+  call.__name__ = call.__qualname__ = attr
+  call.__doc__ = f"Calls {target} (imported on first use)."
+  return call
