@@ -1,0 +1,242 @@
+"""Benchmark rules as data: `rules/<ruleset>/<benchmark>.yaml` into frozen `Rule`s.
+
+One file per ruleset and benchmark (`rules/training_4.0.0/resnet.yaml`,
+`rules/mini/resnet.yaml`), validated against `rules/schema.json`. A file may
+`extends:` another and override parts of it (the mini rules change only the
+target). Nothing here is code in disguise: constraints are named operators.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mlbench.errors import UserError, choices
+
+MINI = "mini"
+
+
+class Direction(enum.Enum):
+  HIGHER = "higher"
+  LOWER = "lower"
+
+
+class Unit(enum.Enum):
+  EPOCHS = "epochs"
+  SAMPLES = "samples"
+
+
+@dataclasses.dataclass(frozen=True)
+class Quality:
+  """The quality target: `key` (an mllog key) must reach `target`."""
+
+  key: str
+  target: float
+  direction: Direction
+
+  def reached(self, value: float) -> bool:
+    if math.isnan(value):
+      return False
+    return value >= self.target if self.direction is Direction.HIGHER else value <= self.target
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+  """Evaluation cadence: every `every` epochs or samples (first one up to `max_offset` early)."""
+
+  unit: Unit
+  every: float
+  max_offset: float = 0.0
+
+  def every_samples(self, train_examples: int) -> int:
+    if self.unit is Unit.EPOCHS:
+      return int(round(self.every * train_examples))
+    return int(self.every)
+
+
+_CHECKS = {
+    "eq": lambda v, x: v == x,
+    "gt": lambda v, x: v > x,
+    "ge": lambda v, x: v >= x,
+    "lt": lambda v, x: v < x,
+    "le": lambda v, x: v <= x,
+    "in": lambda v, x: v in x,
+    # Same tolerance as the official checker's is_integer().
+    "multiple_of": lambda v, x: abs(round(v / x) - v / x) < 1e-5,
+    "power_of_two_times": lambda v, x: v > 0 and abs(round(math.log2(v / x)) - math.log2(v / x)) < 1e-5,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Hyperparameter:
+  """A key the log must carry (if `when` matches), and the values it may take."""
+
+  key: str
+  when: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  check: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  def applies(self, hparams: Mapping[str, Any]) -> bool:
+    return all(hparams.get(k) == v for k, v in self.when.items())
+
+  def violation(self, value: Any) -> str | None:
+    """None if `value` satisfies every check, else a description of the rule."""
+    for op, arg in self.check.items():
+      try:
+        ok = _CHECKS[op](value, arg)
+      except (TypeError, ValueError, ZeroDivisionError):
+        ok = False
+      if not ok:
+        return f"{self.key}={value!r} must satisfy {op} {arg!r}"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """The rules of one benchmark under one ruleset."""
+
+  ruleset: str
+  benchmark: str
+  checker_usage: str
+  checker_ruleset: str
+  quality: Quality
+  evaluation: Evaluation
+  convergence_unit: Unit
+  runs: int
+  init_limit_minutes: Mapping[str, float]
+  hyperparameters: tuple[Hyperparameter, ...]
+  source: Path
+
+  @property
+  def official(self) -> bool:
+    return self.ruleset != MINI
+
+  def required_keys(self, hparams: Mapping[str, Any]) -> list[str]:
+    return [h.key for h in self.hyperparameters if h.applies(hparams)]
+
+  def problems(self, hparams: Mapping[str, Any], *, closed: bool) -> list[str]:
+    """What makes `hparams` (the logged hyperparameters) break these rules.
+
+    Missing required keys are always problems (the log would fail the checker);
+    value constraints bind the closed division only.
+    """
+    out = []
+    for h in self.hyperparameters:
+      if not h.applies(hparams):
+        continue
+      if h.key not in hparams:
+        out.append(f"{h.key} is required but not logged")
+      elif closed and (msg := h.violation(hparams[h.key])):
+        out.append(msg)
+    return out
+
+
+def rules_dir() -> Path:
+  """The folder holding the rule files.
+
+  `$MLBENCH_RULES_DIR` if set; else the copy packed into a wheel
+  (`mlbench/_rules`); else `rules/` of a source checkout.
+  """
+  env = os.environ.get("MLBENCH_RULES_DIR")
+  if env:
+    return Path(env)
+  here = Path(__file__).resolve().parent
+  packed = here / "_rules"
+  return packed if packed.is_dir() else here.parent / "rules"
+
+
+def _folder(ruleset: str) -> str:
+  return ruleset if ruleset == MINI else f"training_{ruleset}"
+
+
+def rulesets(benchmark: str) -> list[str]:
+  """Rulesets that have rules for `benchmark`, official ones newest first, then mini."""
+  found = []
+  for d in rules_dir().iterdir():
+    if (d / f"{benchmark}.yaml").is_file():
+      found.append(d.name.removeprefix("training_"))
+  official = sorted((r for r in found if r != MINI),
+                    key=lambda r: tuple(int(p) for p in r.split(".")), reverse=True)
+  return official + ([MINI] if MINI in found else [])
+
+
+def default_ruleset(benchmark: str, config_name: str) -> str:
+  """Mini configs follow the mini rules; every other config the newest official ones."""
+  available = rulesets(benchmark)
+  if not available:
+    raise UserError(f"no rules for benchmark '{benchmark}' in {rules_dir()}; add "
+                    f"rules/<ruleset>/{benchmark}.yaml")
+  if config_name == MINI and MINI in available:
+    return MINI
+  official = [r for r in available if r != MINI]
+  return official[0] if official else available[0]
+
+
+def load(benchmark: str, ruleset: str) -> Rule:
+  """Loads and validates the rules of `benchmark` under `ruleset`."""
+  path = rules_dir() / _folder(ruleset) / f"{benchmark}.yaml"
+  if not path.is_file():
+    raise UserError(f"no {ruleset} rules for benchmark '{benchmark}'; choose --ruleset "
+                    f"from: {choices(rulesets(benchmark)) or '(none)'}")
+  doc = _resolve(path)
+  _validate(doc, path)
+  return _build(doc, path)
+
+
+def _resolve(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+  import yaml  # Deferred: keeps `mlbench --help` fast.
+
+  if path in seen:
+    raise UserError(f"rule file {path} extends itself through {seen}")
+  with open(path) as f:
+    doc = yaml.safe_load(f) or {}
+  parent = doc.pop("extends", None)
+  if parent is None:
+    return doc
+  return _merge(_resolve(rules_dir() / parent, seen + (path,)), doc)
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+  out = dict(base)
+  for k, v in over.items():
+    out[k] = _merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+  return out
+
+
+@functools.cache
+def _schema() -> dict[str, Any]:
+  return json.loads((rules_dir() / "schema.json").read_text())
+
+
+def _validate(doc: dict[str, Any], path: Path) -> None:
+  import jsonschema
+
+  try:
+    jsonschema.validate(doc, _schema())
+  except jsonschema.ValidationError as e:
+    where = "/".join(str(p) for p in e.absolute_path) or "(top level)"
+    raise UserError(f"rule file {path} is invalid at {where}: {e.message}") from None
+
+
+def _build(doc: dict[str, Any], path: Path) -> Rule:
+  q, ev = doc["quality"], doc["evaluation"]
+  return Rule(
+      ruleset=str(doc["ruleset"]),
+      benchmark=doc["benchmark"],
+      checker_usage=doc["checker"]["usage"],
+      checker_ruleset=str(doc["checker"]["ruleset"]),
+      quality=Quality(q["key"], float(q["target"]), Direction(q["direction"])),
+      evaluation=Evaluation(Unit(ev["unit"]), float(ev["every"]), float(ev.get("max_offset", 0))),
+      convergence_unit=Unit(doc["convergence_unit"]),
+      runs=int(doc["runs"]),
+      init_limit_minutes={k: float(v) for k, v in doc["init_limit_minutes"].items()},
+      hyperparameters=tuple(Hyperparameter(h["key"], h.get("when", {}), h.get("check", {}))
+                            for h in doc["hyperparameters"]),
+      source=path,
+  )
