@@ -1,0 +1,217 @@
+"""Host input pipelines over TFRecords, built by the harness for every workload.
+
+The workload names its files and decodes one record (`InputSpec`); the tuning
+lives here, the same for every workload (the recipe of the TPU-pod MLPerf
+submissions): files sharded per host, parallel interleave, cache of the
+serialized records, shuffle, parallel decode, batches of the per-host size, and
+prefetch. Evaluation sets are split per host by example and padded with masked
+examples so every host runs the same number of steps and no example is dropped
+or counted twice. Batches then move to the devices two at a time.
+
+TensorFlow is imported here and only here, on first use, and kept off any GPU.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from mlbench.errors import UserError
+
+MASK = "mask"
+
+
+@functools.cache
+def tf() -> Any:
+  """TensorFlow, imported once, with GPUs hidden so it never takes accelerator memory."""
+  import os
+
+  # TF's C++ start-up chatter (oneDNN notices, CPU feature hints) is noise here.
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  import tensorflow
+
+  tensorflow.config.set_visible_devices([], "GPU")
+  return tensorflow
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineOptions:
+  """Input-pipeline tuning knobs (the same for every workload).
+
+  Attributes:
+    shuffle_buffer: records in the shuffle buffer.
+    cycle_length: files read in parallel.
+    cache: keep the serialized records in host memory after the first epoch.
+    deterministic: produce the same batches for the same seed; off lets
+      tf.data hand out whichever element is ready first (faster).
+    threads: size of tf.data's private thread pool (None: TF's default).
+    autotune: let tf.data's autotuner resize buffers and parallelism. Off by
+      default: in TF 2.21 its model thread is not woken when an iterator is
+      deleted, so deleting one stalls for up to the autotuner's sleep period
+      (21 s seen here, inside the timed region for evaluation iterators).
+      Without it, AUTOTUNE parallelism means one call per core.
+  """
+
+  shuffle_buffer: int = 16384
+  cycle_length: int = 16
+  cache: bool = True
+  deterministic: bool = True
+  threads: int | None = None
+  autotune: bool = False
+
+
+def _options(opts: PipelineOptions) -> Any:
+  o = tf().data.Options()
+  o.deterministic = opts.deterministic
+  o.autotune.enabled = opts.autotune
+  o.threading.max_intra_op_parallelism = 1
+  if opts.threads:
+    o.threading.private_threadpool_size = opts.threads
+  return o
+
+
+def _records(files: Sequence[str], opts: PipelineOptions, *, parallel: bool) -> Any:
+  t = tf()
+  ds = t.data.Dataset.from_tensor_slices(list(files))
+  return ds.interleave(
+      lambda f: t.data.TFRecordDataset(f, buffer_size=8 << 20),
+      cycle_length=min(opts.cycle_length, len(files)) if parallel else 1, block_length=1,
+      **({"num_parallel_calls": t.data.AUTOTUNE, "deterministic": opts.deterministic}
+         if parallel else {}))
+
+
+def train_dataset(files: Sequence[str], decode: Callable[[Any, Any], dict[str, Any]], *,
+                  per_host_batch: int, seed: int, host: int, hosts: int,
+                  opts: PipelineOptions = PipelineOptions()) -> Any:
+  """An endless, shuffled, decoded, batched tf.data pipeline of this host's files.
+
+  Args:
+    files: every training file; this host reads `files[host::hosts]`.
+    decode: the workload's `DecodeFn`.
+    per_host_batch: examples per batch on this host.
+    seed: run seed; shuffling and augmentation are reproducible from it.
+    host, hosts: this process's index and the process count.
+    opts: tuning knobs.
+  """
+  t = tf()
+  mine = sorted(files)[host::hosts]
+  if not mine:
+    raise UserError(f"{len(files)} training files cannot be split over {hosts} hosts; "
+                    "write the dataset in at least as many files as hosts")
+  host_seed = seed * 1_000_003 + host
+  if not opts.cache:
+    mine = list(np.random.default_rng(host_seed).permutation(mine))
+  records = _records(mine, opts, parallel=True)
+  if opts.cache:
+    records = records.cache()
+  records = records.shuffle(opts.shuffle_buffer, seed=host_seed,
+                            reshuffle_each_iteration=True).repeat()
+  seeds = t.data.Dataset.random(seed=host_seed).batch(2)
+  ds = t.data.Dataset.zip((records, seeds)).map(
+      decode, num_parallel_calls=t.data.AUTOTUNE, deterministic=opts.deterministic)
+  ds = ds.batch(per_host_batch, drop_remainder=True)
+  return ds.prefetch(t.data.AUTOTUNE).with_options(_options(opts))
+
+
+def eval_steps(num_examples: int, per_host_batch: int, hosts: int) -> int:
+  """Evaluation steps every host runs so that all `num_examples` are covered."""
+  return math.ceil(math.ceil(num_examples / hosts) / per_host_batch)
+
+
+def eval_dataset(files: Sequence[str], decode: Callable[[Any, Any], dict[str, Any]], *,
+                 num_examples: int, per_host_batch: int, host: int, hosts: int,
+                 opts: PipelineOptions = PipelineOptions()) -> Any:
+  """This host's share of the evaluation set, padded to `eval_steps` full batches.
+
+  Host h takes examples h, h + hosts, h + 2*hosts, ... of the files read in
+  order, so the union over hosts is the whole set exactly once. Real examples
+  get `mask` 1; padding (zeros) gets `mask` 0.
+  """
+  t = tf()
+  records = _records(sorted(files), opts, parallel=False).shard(hosts, host)
+  if opts.cache:
+    records = records.cache()
+  zero_seed = t.zeros([2], t.int64)
+  ds = records.map(lambda r: {**decode(r, zero_seed), MASK: t.constant(1, t.int32)},
+                   num_parallel_calls=t.data.AUTOTUNE, deterministic=True)
+  pad = t.nest.map_structure(lambda s: t.zeros(s.shape, s.dtype), ds.element_spec)
+  steps = eval_steps(num_examples, per_host_batch, hosts)
+  ds = ds.concatenate(t.data.Dataset.from_tensors(pad).repeat())
+  ds = ds.take(steps * per_host_batch).batch(per_host_batch, drop_remainder=True)
+  return ds.prefetch(t.data.AUTOTUNE).with_options(_options(opts))
+
+
+def numpy_batches(ds: Any) -> Iterator[dict[str, np.ndarray]]:
+  """Iterates a tf.data dataset of dicts as numpy dicts."""
+  return ds.as_numpy_iterator()
+
+
+def prefetch(batches: Iterable[Any], put: Callable[[Any], Any], depth: int = 2) -> Iterator[Any]:
+  """Keeps `depth` batches in flight to the devices (transfers are asynchronous).
+
+  Yields:
+    (host_batch, device_batch) pairs, in order.
+  """
+  queue: collections.deque = collections.deque()
+  for batch in batches:
+    queue.append((batch, put(batch)))
+    if len(queue) >= depth:
+      yield queue.popleft()
+  while queue:
+    yield queue.popleft()
+
+
+def write_tfrecords(path_pattern: str, examples: Iterable[dict[str, Any]], num_shards: int) -> list[str]:
+  """Writes tf.train.Example protos round-robin into `num_shards` files.
+
+  Args:
+    path_pattern: file name with `{index}` and `{count}` fields, e.g.
+      `train-{index:05d}-of-{count:05d}`.
+    examples: dicts of feature name -> bytes, str, int, float, a list of one
+      kind, or a numpy array (its dtype picks the kind, so empty lists work).
+    num_shards: number of files.
+
+  Returns:
+    The written paths.
+  """
+  t = tf()
+  paths = [path_pattern.format(index=i, count=num_shards) for i in range(num_shards)]
+  writers = [t.io.TFRecordWriter(p) for p in paths]
+  try:
+    for i, example in enumerate(examples):
+      writers[i % num_shards].write(_example(example).SerializeToString())
+  finally:
+    for w in writers:
+      w.close()
+  return paths
+
+
+def _feature(value: Any) -> Any:
+  """A tf.train.Feature; the kind follows the numpy dtype, or the Python type."""
+  t = tf()
+  if isinstance(value, np.ndarray):
+    kind = "f" if np.issubdtype(value.dtype, np.floating) else (
+        "i" if np.issubdtype(value.dtype, np.integer) else "b")
+    values = value.reshape(-1).tolist()
+  else:
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    first = values[0] if values else 0
+    kind = "b" if isinstance(first, (bytes, str)) else "f" if isinstance(first, float) else "i"
+  if kind == "b":
+    return t.train.Feature(bytes_list=t.train.BytesList(
+        value=[v.encode() if isinstance(v, str) else v for v in values]))
+  if kind == "f":
+    return t.train.Feature(float_list=t.train.FloatList(value=values))
+  return t.train.Feature(int64_list=t.train.Int64List(value=[int(v) for v in values]))
+
+
+def _example(features: dict[str, Any]) -> Any:
+  t = tf()
+  return t.train.Example(features=t.train.Features(
+      feature={name: _feature(value) for name, value in features.items()}))

@@ -1,0 +1,186 @@
+"""The time-to-quality loop.
+
+    cache_clear -> init_start -> (log what runs; compile from shapes; init the
+    state) -> init_stop -> run_start -> [block: train to the next evaluation
+    point; evaluate] ... -> run_stop
+
+The data is first touched after `run_start`. Evaluation points come from the
+rules' cadence; the run stops with status `success` at the first evaluation
+that reaches the target, or `aborted` when the training budget is spent. Every
+timestamp is read after the devices finish (`Clock`). Process 0 writes the log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from mlbench import data, evaluate, mesh as mesh_lib, runtime as runtime_lib, steps
+from mlbench.clock import Clock
+from mlbench.mllog import MLLog
+from mlbench.plan import Plan
+from mlbench.progress import RunProgress
+from mlbench.workload import Split
+
+
+@dataclasses.dataclass
+class RunResult:
+  """What one run did; `log` is set on process 0."""
+
+  seed: int
+  success: bool = False
+  init_s: float = 0.0
+  time_to_train_s: float = 0.0
+  train_s: float = 0.0
+  eval_s: float = 0.0
+  input_wait_s: float = 0.0
+  samples: int = 0
+  epoch: float = 0.0
+  evals: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+  train_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+  diverged: str | None = None
+  log: Path | None = None
+
+  @property
+  def samples_per_s(self) -> float:
+    return self.samples / self.train_s if self.train_s else 0.0
+
+
+def run_once(plan: Plan, seed: int, log: MLLog, progress: RunProgress) -> RunResult:
+  """One complete time-to-quality run, logged to `log`."""
+  clock, result = Clock(), RunResult(seed=seed)
+  cleared = runtime_lib.clear_page_cache() if plan.rc.clear_caches else False
+  log.cache_clear(cleared, time_ms=clock.mark("cache_clear"))
+  log.init_start(time_ms=clock.mark("init_start"))
+  _log_setup(plan, seed, log)
+  programs = steps.compile_programs(plan.workload, plan.cfg, plan.schedule, plan.mesh, plan.ctx,
+                                    plan.tx)
+  rng = jax.device_put(jax.random.key(seed), mesh_lib.replicated(plan.mesh))
+  state = programs.init(rng)
+  log.init_stop(time_ms=clock.mark("init_stop", state))
+  result.init_s = clock.between("init_start", "init_stop")
+  log.run_start(time_ms=clock.mark("run_start"))
+  state = _train_and_evaluate(plan, programs, state, seed, log, clock, progress, result)
+  log.run_stop(result.success, time_ms=clock.mark("run_stop", state))
+  result.time_to_train_s = clock.between("run_start", "run_stop")
+  result.train_s, result.eval_s = clock.segments["train"], clock.segments["eval"]
+  return result
+
+
+def _log_setup(plan: Plan, seed: int, log: MLLog) -> None:
+  log.submission(benchmark=plan.workload.benchmark, org=plan.rc.submitter,
+                 division=plan.rc.division.value, status=plan.log_status, platform=plan.system)
+  log.seed(seed)
+  log.hyperparameters(plan.hparams)
+
+
+def _train_and_evaluate(plan: Plan, programs: steps.Programs, state: Any, seed: int, log: MLLog,
+                        clock: Clock, progress: RunProgress, result: RunResult) -> Any:
+  train_batches = _train_iterator(plan, programs, seed)
+  eval_ds = _eval_dataset(plan)
+  step, first_epoch = 0, 1
+  for point in plan.points:
+    log.block_start(first_epoch, point.epoch - first_epoch + 1, step * plan.gbs,
+                    time_ms=clock.mark("block_start"))
+    state, sums, waited = _train_block(programs, state, train_batches, point.step - step,
+                                       plan.gbs, progress)
+    clock.add("train", clock.since("block_start", state))
+    result.input_wait_s += waited
+    result.train_metrics = _mean_metrics(sums, point.step - step)
+    step, result.samples, result.epoch = point.step, point.samples, point.epoch
+    if not all(math.isfinite(v) for v in result.train_metrics.values()):
+      result.diverged = f"training diverged before epoch {point.epoch}: {result.train_metrics}"
+      progress.note(f"[red]{result.diverged}; stopping the run (status aborted)")
+      break
+    value = _evaluate(plan, programs, state, eval_ds, point, log, clock)
+    result.evals.append((point.epoch, value))
+    log.block_stop(first_epoch, point.samples, time_ms=clock.mark("block_stop"))
+    progress.evaluated(point.epoch, plan.rule.quality.key, value, clock.since("run_start"),
+                       result.samples / clock.segments["train"])
+    first_epoch = point.epoch + 1
+    if plan.rule.quality.reached(value):
+      result.success = True
+      break
+  return state
+
+
+def _train_block(programs: steps.Programs, state: Any, batches: Any, n: int, gbs: int,
+                 progress: RunProgress) -> tuple[Any, Any, float]:
+  sums, waited = programs.fresh_sums(), 0.0
+  # Implicit host<->device transfers in the hot loop are bugs (a stray numpy
+  # array, a float() on a device value); make them fail instead of stall.
+  with jax.transfer_guard("disallow"):
+    for _ in range(n):
+      t0 = time.perf_counter()
+      _, device_batch = next(batches)
+      waited += time.perf_counter() - t0
+      state, sums = programs.train(state, sums, device_batch)
+      progress.advance(gbs)
+  return state, sums, waited
+
+
+def _mean_metrics(sums: dict[str, Any], n: int) -> dict[str, float]:
+  return {k: float(v) / max(n, 1) for k, v in jax.device_get(sums).items()}
+
+
+def _evaluate(plan: Plan, programs: steps.Programs, state: Any, eval_ds: Any, point: Point,
+              log: MLLog, clock: Clock) -> float:
+  log.eval_start(point.epoch, point.samples, time_ms=clock.mark("eval_start", state))
+  batches = data.prefetch(data.numpy_batches(eval_ds), _putter(plan, programs, Split.EVAL))
+  metrics, _ = evaluate.evaluate(plan.workload, plan.cfg, programs.eval, state, batches,
+                                 plan.schedule.eval_examples)
+  value = float(metrics[plan.workload.quality_metric])
+  t = clock.mark("eval_stop")
+  clock.add("eval", clock.between("eval_start", "eval_stop"))
+  log.eval_result(plan.rule.quality.key, value, point.epoch, point.samples, time_ms=t)
+  log.eval_stop(point.epoch, point.samples, time_ms=t)
+  return value
+
+
+def _putter(plan: Plan, programs: steps.Programs, split: Split):
+  spec = programs.train_spec if split is Split.TRAIN else programs.eval_spec
+  global_batch = next(iter(spec.values())).shape[0]
+  per_host = global_batch // plan.runtime.process_count
+  checked = False
+
+  def put(batch: dict[str, np.ndarray]) -> dict[str, Any]:
+    nonlocal checked
+    if not checked:
+      _check_batch(plan, spec, batch, per_host, split)
+      checked = True
+    return mesh_lib.to_global(batch, programs.batch_sharding, global_batch)
+
+  return put
+
+
+def _check_batch(plan: Plan, spec: dict[str, Any], batch: dict[str, np.ndarray], per_host: int,
+                 split: Split) -> None:
+  want = {k: ((per_host,) + tuple(s.shape[1:]), np.dtype(s.dtype)) for k, s in spec.items()}
+  got = {k: (tuple(v.shape), v.dtype) for k, v in batch.items()}
+  if want != got:
+    raise TypeError(f"{plan.workload.name}: the {split.value} pipeline yields {got} but "
+                    f"synthetic_batch() promises {want}; make decode() and synthetic_batch() agree")
+
+
+def _train_iterator(plan: Plan, programs: steps.Programs, seed: int):
+  files = plan.workload.input.files(plan.cfg, plan.data_dir, Split.TRAIN)
+  ds = data.train_dataset(files, plan.workload.input.decode(plan.cfg, Split.TRAIN),
+                          per_host_batch=plan.gbs // plan.runtime.process_count, seed=seed,
+                          host=plan.runtime.process_index, hosts=plan.runtime.process_count,
+                          opts=plan.pipeline)
+  return data.prefetch(data.numpy_batches(ds), _putter(plan, programs, Split.TRAIN))
+
+
+def _eval_dataset(plan: Plan) -> Any:
+  files = plan.workload.input.files(plan.cfg, plan.data_dir, Split.EVAL)
+  return data.eval_dataset(files, plan.workload.input.decode(plan.cfg, Split.EVAL),
+                           num_examples=plan.schedule.eval_examples,
+                           per_host_batch=plan.schedule.eval_batch_size // plan.runtime.process_count,
+                           host=plan.runtime.process_index, hosts=plan.runtime.process_count,
+                           opts=plan.pipeline)

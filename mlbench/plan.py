@@ -1,0 +1,130 @@
+"""Turns a `RunConfig` into a `Plan`: everything the runs of one invocation share.
+
+All checks that do not need a device happen here, before any run starts: the
+workload and config exist, overrides are valid, the batch splits over hosts and
+devices, the logged hyperparameters satisfy the rules of the chosen ruleset and
+division, and the system description agrees with this run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+from mlbench import config as config_lib, data, mesh as mesh_lib, registry, results, rules
+from mlbench.config import Division, RunConfig
+from mlbench.errors import UserError
+from mlbench.runtime import Runtime
+from mlbench.workload import Schedule, StepContext, Workload
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+  """An evaluation point: after `step` steps, logged as `epoch` (epoch_num)."""
+
+  step: int
+  epoch: float
+  samples: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What every run of one invocation shares."""
+
+  rc: RunConfig
+  runtime: Runtime
+  workload: Workload
+  config_name: str
+  cfg: Any
+  rule: rules.Rule
+  schedule: Schedule
+  mesh: Any
+  ctx: StepContext
+  tx: Any
+  hparams: dict[str, Any]
+  system: str
+  log_status: str
+  data_dir: Path
+  points: tuple[Point, ...]
+  pipeline: data.PipelineOptions = data.PipelineOptions()
+
+  @property
+  def gbs(self) -> int:
+    return self.schedule.global_batch_size
+
+
+def eval_points(schedule: Schedule, rule: rules.Rule) -> tuple[Point, ...]:
+  """Where the rules' cadence puts evaluations, up to the training budget."""
+  every = rule.evaluation.every_samples(schedule.train_examples)
+  points, k = [], 1
+  while (step := math.ceil(k * every / schedule.global_batch_size)) <= schedule.max_steps:
+    points.append(_point(schedule, rule, step, nominal=k * rule.evaluation.every))
+    k += 1
+  if not points or points[-1].step != schedule.max_steps:
+    points.append(_point(schedule, rule, schedule.max_steps, nominal=None))
+  return tuple(points)
+
+
+def _point(schedule: Schedule, rule: rules.Rule, step: int, nominal: float | None) -> Point:
+  samples = step * schedule.global_batch_size
+  if rule.convergence_unit is rules.Unit.SAMPLES:
+    epoch = float(samples)
+  elif nominal is not None and rule.evaluation.unit is rules.Unit.EPOCHS:
+    epoch = float(nominal)
+  else:
+    epoch = round(samples / schedule.train_examples, 3)
+  return Point(step, int(epoch) if epoch.is_integer() else epoch, samples)
+
+
+def harness_hparams(schedule: Schedule) -> dict[str, Any]:
+  """The hyperparameter keys every log carries, whatever the workload."""
+  return {"global_batch_size": schedule.global_batch_size,
+          "train_samples": schedule.train_examples,
+          "eval_samples": schedule.eval_examples,
+          "gradient_accumulation_steps": 1}
+
+
+def _check_batches(schedule: Schedule, runtime: Runtime, mesh: Any) -> None:
+  devices = mesh_lib.data_size(mesh)
+  for name, size in (("global_batch_size", schedule.global_batch_size),
+                     ("eval_batch_size", schedule.eval_batch_size)):
+    if size % devices or size % runtime.process_count:
+      raise UserError(f"{name}={size} does not split evenly over {devices} data-parallel devices "
+                      f"and {runtime.process_count} processes; --set {name}= a multiple of "
+                      f"{math.lcm(devices, runtime.process_count)}")
+
+
+def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | None = None) -> Plan:
+  """Validates a run request and builds the shared plan (writes the system description)."""
+  workload = registry.get(rc.workload)
+  name, cfg = config_lib.load(workload, rc.config)
+  cfg = config_lib.override(cfg, rc.overrides)
+  rule = rules.load(workload.benchmark, rc.ruleset or rules.default_ruleset(workload.benchmark, name))
+  schedule = workload.schedule(cfg)
+  mesh = mesh_lib.make_mesh(devices=runtime.devices)
+  _check_batches(schedule, runtime, mesh)
+  ctx = StepContext(mesh=mesh, bn_groups=1)
+  hparams = {**harness_hparams(schedule), **workload.hparams(cfg, schedule, ctx)}
+  problems = rule.problems(hparams, closed=rc.division is Division.CLOSED)
+  if problems:
+    raise UserError(f"{workload.name} ({name}) breaks the {rule.ruleset} {rule.benchmark} rules: "
+                    + "; ".join(problems) + ("; use --division open or change the config"
+                                             if rc.division is Division.CLOSED else ""))
+  machine = machine or results.probe(runtime.local_devices, runtime.process_count)
+  system = rc.system or results.default_system_name(machine)
+  description = results.describe(machine, system=system, submitter=rc.submitter,
+                                 division=rc.division.value, notes=_hw_notes(runtime, rc))
+  on_disk = (results.ensure_system(rc.results_dir, description) if runtime.is_leader
+             else description)
+  return Plan(rc=rc, runtime=runtime, workload=workload, config_name=name, cfg=cfg, rule=rule,
+              schedule=schedule, mesh=mesh, ctx=ctx, tx=workload.optimizer(cfg, schedule),
+              hparams=hparams, system=system, log_status=results.STATUS_TO_LOG[on_disk["status"]],
+              data_dir=rc.data_dir, points=eval_points(schedule, rule))
+
+
+def _hw_notes(runtime: Runtime, rc: RunConfig) -> str:
+  if rc.cpu_devices:
+    return f"{rc.cpu_devices} simulated CPU devices (XLA host platform) on one host"
+  return ""

@@ -1,0 +1,97 @@
+"""Runs `--runs N` time-to-quality runs of one plan and files their results.
+
+Per run: a fresh log file (pending until the run ends), the run itself, then
+the log is published as the next free `result_<i>.txt` and checked by the
+official compliance checker under the run's rules. A run that crashes leaves
+its pending log in place (it is evidence) and is not published.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from collections.abc import Callable
+
+from rich.console import Console
+
+from mlbench import compliance, config as config_lib, loop, results, runtime as runtime_lib
+from mlbench.config import RunConfig
+from mlbench.mllog import MLLog
+from mlbench.plan import Plan, make_plan
+from mlbench.progress import RunProgress
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+  """A finished run and, on process 0, the checker's verdict on its log."""
+
+  index: int
+  result: loop.RunResult
+  check: compliance.CheckResult | None
+
+
+def seeds(rc: RunConfig, process_count: int) -> list[int]:
+  """One distinct seed per run: `--seed`, +1 per run; else from the OS entropy pool.
+
+  Every process must use the same seeds, so process 0's are broadcast.
+  """
+  if rc.seed is not None:
+    return [rc.seed + i for i in range(rc.runs)]
+  drawn: list[int] = []
+  while len(drawn) < rc.runs:
+    s = secrets.randbits(31)
+    if s not in drawn:
+      drawn.append(s)
+  if process_count > 1:
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    drawn = [int(s) for s in multihost_utils.broadcast_one_to_all(np.asarray(drawn, np.int64))]
+  return drawn
+
+
+def prepare(rc: RunConfig, *, console: Console) -> Plan:
+  """Process setup, validation, data preparation: everything before the first run."""
+  runtime = runtime_lib.setup(cpu_devices=rc.cpu_devices)
+  plan = make_plan(rc, runtime)
+  if plan.workload.input.prepare is not None:
+    if runtime.is_leader:
+      console.print(f"preparing {plan.workload.name} ({plan.config_name}) data in {rc.data_dir}",
+                    highlight=False)
+    plan.workload.input.prepare(plan.cfg, rc.data_dir)
+  return plan
+
+
+def run_all(plan: Plan, *, console: Console,
+            on_outcome: Callable[[Outcome], None] = lambda o: None) -> list[Outcome]:
+  """All runs of the plan, one after another."""
+  outcomes = []
+  for i, seed in enumerate(seeds(plan.rc, plan.runtime.process_count)):
+    outcome = _one(plan, i, seed, console)
+    on_outcome(outcome)
+    outcomes.append(outcome)
+  return outcomes
+
+
+def _one(plan: Plan, index: int, seed: int, console: Console) -> Outcome:
+  leader = plan.runtime.is_leader
+  pending = (results.pending_log(plan.rc.results_dir, plan.system, plan.workload.benchmark)
+             if leader else None)
+  log = MLLog(pending)
+  title = f"{plan.workload.name} run {index + 1}/{plan.rc.runs} (seed {seed})"
+  try:
+    with RunProgress(title=title, total_samples=plan.schedule.max_train_samples,
+                     train_examples=plan.schedule.train_examples, console=console,
+                     enabled=leader) as progress:
+      result = loop.run_once(plan, seed, log, progress)
+  except BaseException:
+    log.close()
+    if pending is not None:
+      console.print(f"[yellow]the incomplete log of this run is kept at {pending}", highlight=False)
+    raise
+  log.close()
+  check = None
+  if leader:
+    result.log = results.publish(pending)
+    check = compliance.check_log(result.log, plan.rule, config_lib.default_cache_dir())
+  return Outcome(index, result, check)

@@ -1,0 +1,183 @@
+"""The train state and the step functions the harness builds from a workload.
+
+Workloads provide a pure loss and a pure eval step; this module turns them into
+the three programs a run needs (init, train step, eval step) and compiles them
+ahead of time against the mesh, from shapes alone, with explicit input and
+output shardings and the train state donated. Only the harness calls `jax.jit`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from mlbench import data, mesh as mesh_lib, sharding
+from mlbench.workload import Batch, Schedule, Split, StepContext, Workload
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything that changes during training, as one pytree."""
+
+  step: jax.Array
+  params: Any
+  model_state: Any
+  opt_state: Any
+  rng: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Programs:
+  """The compiled programs of one run, and the shardings they expect."""
+
+  init: Any              # rng -> TrainState
+  train: Any             # (state, metric_sums, batch) -> (state, metric_sums)
+  eval: Any              # (state, batch) -> per-example outputs
+  state_sharding: Any
+  metric_names: tuple[str, ...]
+  sums_sharding: Any
+  batch_sharding: Any
+  train_spec: Mapping[str, jax.ShapeDtypeStruct]
+  eval_spec: Mapping[str, jax.ShapeDtypeStruct]
+  train_flops: float | None  # XLA's count for one compiled train step
+
+  def fresh_sums(self) -> dict[str, jax.Array]:
+    """Zeroed train-metric accumulators (the train step donates them)."""
+    return jax.device_put({k: np.zeros((), np.float32) for k in self.metric_names},
+                          self.sums_sharding)
+
+
+def batch_spec(workload: Workload, cfg: Any, split: Split, global_batch: int,
+               shard: Any) -> dict[str, jax.ShapeDtypeStruct]:
+  """Global batch shapes, read off a one-example synthetic batch."""
+  one = workload.synthetic_batch(cfg, split, 1, np.random.default_rng(0))
+  if split is Split.EVAL:
+    one = {**one, data.MASK: np.ones((1,), np.int32)}
+  return {k: jax.ShapeDtypeStruct((global_batch,) + tuple(np.shape(v)[1:]), np.asarray(v).dtype,
+                                  sharding=shard) for k, v in one.items()}
+
+
+def init_fn(workload: Workload, cfg: Any, tx: optax.GradientTransformation):
+  """rng -> TrainState: model parameters, model state and optimizer state."""
+
+  def init(rng: jax.Array) -> TrainState:
+    init_rng, train_rng = jax.random.split(rng)
+    params, model_state = workload.init(cfg, init_rng)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, model_state=model_state,
+                      opt_state=tx.init(params), rng=train_rng)
+
+  return init
+
+
+def train_fn(workload: Workload, cfg: Any, ctx: StepContext, tx: optax.GradientTransformation):
+  """(state, metric_sums, batch) -> (state, metric_sums): one optimizer step."""
+
+  def step(state: TrainState, sums: dict[str, jax.Array], batch: Batch):
+    rng = jax.random.fold_in(state.rng, state.step)
+
+    def loss_fn(params):
+      return workload.loss(cfg, ctx, params, state.model_state, batch, rng)
+
+    (loss, (model_state, metrics)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    new_state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                              model_state=model_state, opt_state=opt_state)
+    metrics = {"loss": loss, **metrics}
+    return new_state, {k: sums[k] + jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+
+  return step
+
+
+def eval_fn(workload: Workload, cfg: Any, ctx: StepContext):
+  def step(state: TrainState, batch: Batch) -> dict[str, jax.Array]:
+    return workload.eval.step(cfg, ctx, state.params, state.model_state, batch)
+
+  return step
+
+
+def compile_programs(workload: Workload, cfg: Any, schedule: Schedule, mesh: Any,
+                     ctx: StepContext, tx: optax.GradientTransformation) -> Programs:
+  """Lowers and compiles init, train and eval for `mesh` from shapes alone."""
+  rng_spec = jax.ShapeDtypeStruct((), jax.random.key(0).dtype,
+                                  sharding=mesh_lib.replicated(mesh))
+  init = init_fn(workload, cfg, tx)
+  state_shapes = jax.eval_shape(init, rng_spec)
+  state_sh = sharding.tree_shardings(state_shapes, workload.partition_rules(cfg), mesh)
+  batch_sh = mesh_lib.batch_sharding(mesh)
+  rep = mesh_lib.replicated(mesh)
+  train_spec = batch_spec(workload, cfg, Split.TRAIN, schedule.global_batch_size, batch_sh)
+  eval_spec = batch_spec(workload, cfg, Split.EVAL, schedule.eval_batch_size, batch_sh)
+
+  train = train_fn(workload, cfg, ctx, tx)
+  names = metric_names(workload, cfg, ctx, state_shapes, train_spec)
+  sums_sh = {k: rep for k in names}
+  state_in = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                          state_shapes, state_sh)
+  sums_in = {k: jax.ShapeDtypeStruct((), jnp.float32, sharding=rep) for k in names}
+
+  init_c = jax.jit(init, out_shardings=state_sh).lower(rng_spec).compile()
+  train_lowered = jax.jit(train, in_shardings=(state_sh, sums_sh, batch_sh),
+                          out_shardings=(state_sh, sums_sh),
+                          donate_argnums=(0, 1)).lower(state_in, sums_in, train_spec)
+  eval_c = jax.jit(eval_fn(workload, cfg, ctx), in_shardings=(state_sh, batch_sh),
+                   out_shardings=batch_sh).lower(state_in, eval_spec).compile()
+  train_c = train_lowered.compile()
+  return Programs(init=init_c, train=train_c, eval=eval_c, state_sharding=state_sh,
+                  metric_names=tuple(names), sums_sharding=sums_sh,
+                  batch_sharding=batch_sh, train_spec=train_spec,
+                  eval_spec=eval_spec, train_flops=_flops(train_c))
+
+
+def metric_names(workload: Workload, cfg: Any, ctx: StepContext, state: Any,
+                 spec: Mapping[str, jax.ShapeDtypeStruct]) -> list[str]:
+  """'loss' plus the names of the workload's train metrics, from shapes."""
+  _, (_, metrics) = jax.eval_shape(
+      lambda st, b: workload.loss(cfg, ctx, st.params, st.model_state, b, jax.random.key(0)),
+      state, spec)
+  if "loss" in metrics:
+    raise ValueError(f"{workload.name}: loss() must not return a metric named 'loss'")
+  return ["loss", *metrics]
+
+
+def _flops(compiled: Any) -> float | None:
+  try:
+    cost = compiled.cost_analysis()
+  except Exception:  # Not every backend implements cost analysis.
+    return None
+  if isinstance(cost, list):
+    cost = cost[0] if cost else {}
+  return float(cost["flops"]) if cost and "flops" in cost else None
+
+
+def count_params(workload: Workload, cfg: Any) -> int:
+  """Trainable parameters of a config, from shapes alone (nothing allocated)."""
+  params, _ = jax.eval_shape(lambda k: workload.init(cfg, k), jax.random.key(0))
+  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
+
+
+def flops_per_example(workload: Workload, cfg: Any, ctx: StepContext) -> float:
+  """Model FLOPs of one training example (forward and backward).
+
+  The workload's analytic count if it gives one; else XLA's cost analysis of
+  the gradient of the loss on a one-example batch, lowered but not compiled.
+  """
+  if workload.flops_per_example is not None:
+    return float(workload.flops_per_example(cfg))
+  params, model_state = jax.eval_shape(lambda k: workload.init(cfg, k), jax.random.key(0))
+  one = workload.synthetic_batch(cfg, Split.TRAIN, 1, np.random.default_rng(0))
+  spec = {k: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype) for k, v in one.items()}
+
+  def grad(p, s, b):
+    return jax.grad(lambda p: workload.loss(cfg, ctx, p, s, b, jax.random.key(0))[0])(p)
+
+  cost = jax.jit(grad).lower(params, model_state, spec).cost_analysis()
+  if isinstance(cost, list):
+    cost = cost[0]
+  return float(cost["flops"])
