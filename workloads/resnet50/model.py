@@ -1,0 +1,75 @@
+"""ResNet v1.5 in Flax (bottleneck blocks, stride in the 3x3 convolution).
+
+The full config is ResNet-50: stages (3, 4, 6, 3) of width 64..512, 1000
+classes, 25,557,032 trainable parameters. Shape legend: B batch, H/W spatial,
+C channels, K classes.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from workloads.resnet50.config import ModelConfig, Stem
+
+# He initialisation over fan-out, as torchvision and the flax ImageNet example do.
+_conv_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
+
+
+class Bottleneck(nn.Module):
+  """1x1 reduce -> 3x3 (carries the stride, v1.5) -> 1x1 expand x4, plus shortcut."""
+
+  width: int
+  strides: int
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BHWC: jnp.ndarray, train: bool) -> jnp.ndarray:
+    conv = functools.partial(nn.Conv, use_bias=False, kernel_init=_conv_init,
+                             dtype=jnp.dtype(self.cfg.dtype.value))
+    norm = functools.partial(nn.BatchNorm, use_running_average=not train,
+                             momentum=self.cfg.bn_momentum, epsilon=self.cfg.bn_epsilon,
+                             dtype=jnp.dtype(self.cfg.dtype.value))
+    y = nn.relu(norm(name="bn1")(conv(self.width, (1, 1), name="conv1")(x_BHWC)))
+    y = conv(self.width, (3, 3), strides=self.strides, padding=((1, 1), (1, 1)), name="conv2")(y)
+    y = nn.relu(norm(name="bn2")(y))
+    y = conv(4 * self.width, (1, 1), name="conv3")(y)
+    last_init = nn.initializers.zeros if self.cfg.zero_init_last_bn else nn.initializers.ones
+    y = norm(scale_init=last_init, name="bn3")(y)
+    shortcut = x_BHWC
+    if x_BHWC.shape[-1] != 4 * self.width or self.strides != 1:
+      shortcut = conv(4 * self.width, (1, 1), strides=self.strides, name="proj_conv")(x_BHWC)
+      shortcut = norm(name="proj_bn")(shortcut)
+    return nn.relu(y + shortcut)
+
+
+class ResNet(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BHWC: jnp.ndarray, train: bool) -> jnp.ndarray:
+    cfg = self.cfg
+    dtype = jnp.dtype(cfg.dtype.value)
+    x = x_BHWC.astype(dtype)
+    if cfg.stem is Stem.IMAGENET:
+      x = nn.Conv(cfg.width, (7, 7), strides=2, padding=((3, 3), (3, 3)), use_bias=False,
+                  kernel_init=_conv_init, dtype=dtype, name="stem_conv")(x)
+    else:
+      x = nn.Conv(cfg.width, (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
+                  kernel_init=_conv_init, dtype=dtype, name="stem_conv")(x)
+    x = nn.BatchNorm(use_running_average=not train, momentum=cfg.bn_momentum,
+                     epsilon=cfg.bn_epsilon, dtype=dtype, name="stem_bn")(x)
+    x = nn.relu(x)
+    if cfg.stem is Stem.IMAGENET:
+      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+    for stage, blocks in enumerate(cfg.stage_sizes):
+      for block in range(blocks):
+        strides = 2 if stage > 0 and block == 0 else 1
+        x = Bottleneck(cfg.width * 2 ** stage, strides, cfg, name=f"stage{stage + 1}_block{block + 1}")(
+            x, train)
+    x_BC = jnp.mean(x, axis=(1, 2))
+    logits_BK = nn.Dense(cfg.num_classes, kernel_init=nn.initializers.normal(0.01),
+                         dtype=jnp.float32, name="fc")(x_BC.astype(jnp.float32))
+    return logits_BK

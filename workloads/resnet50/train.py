@@ -1,0 +1,93 @@
+"""ResNet-50's pure functions for the harness: init, loss, eval, optimizer, logged keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from mlbench import optim
+from mlbench.workload import EvalPart, Schedule, StepContext
+from workloads.resnet50.config import Optimizer, ResNetConfig
+from workloads.resnet50.model import ResNet
+
+
+def schedule(cfg: ResNetConfig) -> Schedule:
+  return Schedule(global_batch_size=cfg.global_batch_size, eval_batch_size=cfg.eval_batch_size,
+                  train_examples=cfg.data.train_examples, eval_examples=cfg.data.eval_examples,
+                  max_train_samples=int(round(cfg.train_epochs * cfg.data.train_examples)))
+
+
+def init(cfg: ResNetConfig, rng: jax.Array) -> tuple[Any, Any]:
+  size = cfg.data.image_size
+  variables = ResNet(cfg.model).init(rng, jnp.zeros((1, size, size, 3), jnp.float32), train=False)
+  return variables["params"], {"batch_stats": variables["batch_stats"]}
+
+
+def loss(cfg: ResNetConfig, ctx: StepContext, params: Any, state: Any, batch: Any,
+         rng: jax.Array) -> tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]:
+  """Label-smoothed cross-entropy; batch-norm statistics over the global batch."""
+  del ctx, rng  # One BN group; no dropout.
+  logits_BK, updates = ResNet(cfg.model).apply({"params": params, **state}, batch["image"],
+                                               train=True, mutable=["batch_stats"])
+  labels_BK = jax.nn.one_hot(batch["label"], cfg.model.num_classes)
+  smoothed = optax.smooth_labels(labels_BK, cfg.optimizer.label_smoothing)
+  xent = optax.softmax_cross_entropy(logits_BK, smoothed).mean()
+  accuracy = (jnp.argmax(logits_BK, -1) == batch["label"]).mean()
+  return xent, ({"batch_stats": updates["batch_stats"]}, {"accuracy": accuracy})
+
+
+def eval_step(cfg: ResNetConfig, ctx: StepContext, params: Any, state: Any,
+              batch: Any) -> dict[str, jax.Array]:
+  """Per image: top-1 hit and (unsmoothed) cross-entropy."""
+  del ctx
+  logits_BK = ResNet(cfg.model).apply({"params": params, **state}, batch["image"], train=False)
+  return {"correct": (jnp.argmax(logits_BK, -1) == batch["label"]).astype(jnp.float32),
+          "loss": optax.softmax_cross_entropy_with_integer_labels(logits_BK, batch["label"])}
+
+
+def compute(cfg: ResNetConfig, part: EvalPart) -> dict[str, float]:
+  del cfg
+  return {"accuracy": float(part.sums["correct"] / part.count),
+          "loss": float(part.sums["loss"] / part.count)}
+
+
+def _steps(cfg: ResNetConfig, sched: Schedule) -> tuple[float, int]:
+  """(warmup steps, train steps) of the learning-rate schedule."""
+  return cfg.optimizer.warmup_epochs * sched.steps_per_epoch, sched.max_steps
+
+
+def optimizer(cfg: ResNetConfig, sched: Schedule) -> optax.GradientTransformation:
+  o = cfg.optimizer
+  warmup, train_steps = _steps(cfg, sched)
+  lr = optim.poly_warmup_schedule(o.base_learning_rate, warmup_steps=warmup,
+                                  train_steps=train_steps, end_lr=o.end_learning_rate,
+                                  power=o.poly_power)
+  if o.name is Optimizer.LARS:
+    return optim.mlperf_lars(lr, momentum=o.momentum, weight_decay=o.weight_decay,
+                             mask=optim.kernel_mask, eta=o.lars_eta, eps=o.lars_epsilon)
+  return optim.sgd_momentum(lr, momentum=o.momentum, weight_decay=o.weight_decay,
+                            mask=optim.kernel_mask)
+
+
+def hparams(cfg: ResNetConfig, sched: Schedule, ctx: StepContext) -> dict[str, Any]:
+  """The keys closed_resnet{,_lars,_sgd}.yaml require, named as the reference logs them."""
+  o = cfg.optimizer
+  p = o.name.value
+  warmup, train_steps = _steps(cfg, sched)
+  out = {"opt_name": p,
+         "model_bn_span": sched.global_batch_size // ctx.bn_groups,
+         f"{p}_opt_base_learning_rate": o.base_learning_rate,
+         f"{p}_opt_end_learning_rate": o.end_learning_rate,
+         f"{p}_opt_learning_rate_decay_poly_power": o.poly_power,
+         f"{p}_opt_learning_rate_decay_steps": int(train_steps - warmup + 1),
+         f"{p}_opt_momentum": o.momentum,
+         f"{p}_opt_weight_decay": o.weight_decay}
+  if o.name is Optimizer.LARS:
+    out["lars_epsilon"] = o.lars_epsilon
+    out["lars_opt_learning_rate_warmup_epochs"] = o.warmup_epochs
+  else:
+    out["opt_learning_rate_warmup_epochs"] = o.warmup_epochs
+  return out
