@@ -1,0 +1,59 @@
+"""The `mlbench` command line: a thin layer over the library.
+
+Commands parse and validate their options, then call one library function.
+JAX, Flax and TensorFlow are imported inside command bodies only, so
+`mlbench --help` answers at once. Human output goes to stderr (rich); machine
+output (one JSON line per run) goes to stdout. Bad input ends with a one-line
+`error: ...` and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import click
+
+from mlbench import __version__
+from mlbench.cli.info import describe_cmd, list_cmd
+from mlbench.cli.run import run_cmd
+from mlbench.errors import UserError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(__version__, prog_name="mlbench")
+def cli() -> None:
+  """MLPerf-style time-to-quality benchmarks on TPU pods, GPU clusters and CPUs.
+
+  `mlbench run resnet50` trains the ResNet-50 mini config to its quality target
+  and writes an MLPerf result log under results/.
+  """
+
+
+cli.add_command(list_cmd)
+cli.add_command(describe_cmd)
+cli.add_command(run_cmd)
+
+
+def _fail(message: str, code: int = 2) -> int:
+  click.echo(f"error: {message}", err=True)
+  return code
+
+
+def main(argv: list[str] | None = None) -> int:
+  """Entry point of the `mlbench` console script; returns the exit code."""
+  try:
+    result = cli.main(args=argv, prog_name="mlbench", standalone_mode=False)
+  except UserError as e:
+    return _fail(str(e))
+  except click.exceptions.NoSuchOption as e:
+    hint = f"; did you mean {', '.join(e.possibilities)}?" if e.possibilities else ""
+    return _fail(f"no such option {e.option_name}{hint} (see `mlbench {e.ctx.info_name} --help`)"
+                 if e.ctx else e.format_message())
+  except click.ClickException as e:
+    cmd = f" {e.ctx.info_name}" if getattr(e, "ctx", None) and e.ctx.parent else ""
+    return _fail(f"{e.format_message()} (see `mlbench{cmd} --help`)")
+  except click.exceptions.Abort:
+    return _fail("aborted", 130)
+  except KeyboardInterrupt:
+    return _fail("interrupted", 130)
+  return result if isinstance(result, int) else 0

@@ -1,0 +1,107 @@
+"""`mlbench list` and `mlbench describe`: what can run, and under which rules."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("list")
+def list_cmd() -> int:
+  """List workloads: benchmark key, quality metric, target and default config."""
+  from rich.console import Console
+  from rich.table import Table
+
+  from mlbench import registry, rules
+
+  table = Table(title="mlbench workloads", title_justify="left")
+  for col in ("workload", "benchmark", "metric", "target", "default config", "configs", "rulesets"):
+    table.add_column(col)
+  for w in registry.all_workloads():
+    ruleset = rules.default_ruleset(w.benchmark, w.default_config)
+    rule = rules.load(w.benchmark, ruleset)
+    sign = ">=" if rule.quality.direction is rules.Direction.HIGHER else "<="
+    table.add_row(w.name, w.benchmark, f"{rule.quality.key} ({w.quality_metric})",
+                  f"{sign} {rule.quality.target:g} ({ruleset})", w.default_config,
+                  ", ".join(w.configs), ", ".join(rules.rulesets(w.benchmark)))
+  Console().print(table)
+  return 0
+
+
+@click.command("describe")
+@click.argument("workload")
+@click.option("--config", "config_name", metavar="NAME|PATH",
+              help="Describe only this config. [default: every config of the workload]")
+@click.option("--ruleset", metavar="VERSION", help="Rules to show. [default: the config's default]")
+def describe_cmd(workload: str, config_name: str | None, ruleset: str | None) -> int:
+  """Configs, hyperparameters, rules, parameter count and FLOPs per example of WORKLOAD."""
+  from rich.console import Console
+
+  from mlbench import config as config_lib, registry
+
+  w = registry.get(workload)
+  names = [config_name] if config_name else list(w.configs)
+  console = Console()
+  for name in names:
+    shown, cfg = config_lib.load(w, name)
+    _describe_one(console, w, shown, cfg, ruleset)
+  return 0
+
+
+def _describe_one(console, w, name, cfg, ruleset) -> None:
+  from rich.table import Table
+
+  from mlbench import config as config_lib, mesh as mesh_lib, rules, steps
+  from mlbench.plan import harness_hparams
+  from mlbench.workload import StepContext
+
+  rule = rules.load(w.benchmark, ruleset or rules.default_ruleset(w.benchmark, name))
+  sched = w.schedule(cfg)
+  ctx = StepContext(mesh=mesh_lib.make_mesh({"data": 1}, devices=_one_device()))
+  params = steps.count_params(w, cfg)
+  flops = steps.flops_per_example(w, cfg, ctx)
+  console.rule(f"[bold]{w.name} --config {name}")
+  console.print(f"parameters: {params:,}   training FLOPs per example: {flops:,.0f} "
+                f"({flops / 1e9:.3f} GFLOP, forward + backward)", highlight=False)
+  console.print(f"schedule: global batch {sched.global_batch_size}, eval batch "
+                f"{sched.eval_batch_size}, {sched.train_examples:,} train / "
+                f"{sched.eval_examples:,} eval examples, budget {sched.max_train_samples:,} "
+                f"samples ({sched.max_steps:,} steps)", highlight=False)
+  table = Table(title="hyperparameters (--set KEY=VALUE)", title_justify="left")
+  table.add_column("key")
+  table.add_column("value")
+  for k, v in config_lib.flatten(cfg).items():
+    table.add_row(k, repr(v))
+  console.print(table)
+  logged = {**harness_hparams(sched), **w.hparams(cfg, sched, ctx)}
+  _describe_rule(console, rule, logged)
+
+
+def _describe_rule(console, rule, logged) -> None:
+  from rich.table import Table
+
+  q = rule.quality
+  ev = rule.evaluation
+  console.print(
+      f"rules {rule.ruleset} ({rule.source}): {q.key} {'>=' if q.direction.value == 'higher' else '<='}"
+      f" {q.target:g}; evaluate every {ev.every:g} {ev.unit.value}"
+      + (f" (first up to {ev.max_offset:g} early)" if ev.max_offset else "")
+      + f"; {rule.runs} runs per result; untimed init <= {rule.init_limit_minutes['closed']:g} min "
+        f"closed, {rule.init_limit_minutes['open']:g} min open", highlight=False)
+  table = Table(title="logged hyperparameters under these rules", title_justify="left")
+  for col in ("key", "value", "required", "constraint (closed)"):
+    table.add_column(col)
+  required = {h.key: h for h in rule.hyperparameters if h.applies(logged)}
+  for key in sorted(set(logged) | set(required)):
+    h = required.get(key)
+    value = logged.get(key, "[red]missing")
+    constraint = ", ".join(f"{op} {arg!r}" for op, arg in h.check.items()) if h else ""
+    bad = h is not None and key in logged and h.violation(logged[key])
+    table.add_row(key, f"[red]{value!r}" if bad else repr(value) if key in logged else value,
+                  "yes" if h else "", constraint)
+  console.print(table)
+
+
+def _one_device():
+  import jax
+
+  return jax.devices()[:1]

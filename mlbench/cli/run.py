@@ -1,0 +1,140 @@
+"""`mlbench run`: time-to-quality runs that write MLPerf result logs."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import click
+
+from mlbench.config import Division, RunConfig, default_cache_dir
+
+
+@click.command("run")
+@click.argument("workload")
+@click.option("--config", "config_name", metavar="mini|full|PATH", envvar="MLBENCH_CONFIG",
+              help="Config name, or a .py file whose get_config() returns one. "
+                   "[default: the workload's default, mini]")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a config value, e.g. --set optimizer.base_learning_rate=8 "
+                   "(repeatable; `mlbench describe` lists the keys).")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
+              envvar="MLBENCH_DATA_DIR",
+              help="Dataset folder; mini datasets are generated here. "
+                   "[default: $MLBENCH_CACHE_DIR/data or ~/.cache/mlbench/data]")
+@click.option("--results-dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("results"), show_default=True, envvar="MLBENCH_RESULTS_DIR",
+              help="Submission folder: results/<system>/<benchmark>/result_<i>.txt and "
+                   "systems/<system>.json go in it.")
+@click.option("--system", envvar="MLBENCH_SYSTEM",
+              help="System description name. [default: derived from the machine, e.g. cpu-2core]")
+@click.option("--seed", type=int, envvar="MLBENCH_SEED",
+              help="Seed of the first run (run i uses seed+i). [default: from the OS, per run]")
+@click.option("--runs", type=click.IntRange(min=1), default=1, show_default=True,
+              envvar="MLBENCH_RUNS", help="Number of independent runs.")
+@click.option("--ruleset", metavar="VERSION", envvar="MLBENCH_RULESET",
+              help="Rules to follow: 4.0.0, 0.7.0, mini. [default: mini for the mini config, "
+                   "else the newest official ruleset]")
+@click.option("--division", type=click.Choice([d.value for d in Division]), default="closed",
+              show_default=True, envvar="MLBENCH_DIVISION",
+              help="closed enforces the rules' hyperparameter constraints.")
+@click.option("--submitter", default="mlbench", show_default=True, envvar="MLBENCH_SUBMITTER",
+              help="Organisation logged as submission_org.")
+@click.option("--cpu-devices", type=click.IntRange(min=1), envvar="MLBENCH_CPU_DEVICES",
+              help="Simulate this many CPU devices (a pod on one host).")
+@click.option("--clear-caches", is_flag=True, envvar="MLBENCH_CLEAR_CACHES",
+              help="Drop the OS page cache before each run (needs root), as MLPerf requires.")
+def run_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...],
+            data_dir: Path | None, results_dir: Path, system: str | None, seed: int | None,
+            runs: int, ruleset: str | None, division: str, submitter: str,
+            cpu_devices: int | None, clear_caches: bool) -> int:
+  """Train WORKLOAD to its quality target and write MLPerf result logs.
+
+  Prints one JSON line per run on stdout; progress and summaries on stderr.
+  Exit code 0 when every run reached the target with a compliant log, else 1.
+  """
+  from rich.console import Console
+
+  from mlbench import runner  # Heavy: JAX, Flax, TensorFlow.
+
+  rc = RunConfig(workload=workload, config=config_name, overrides=tuple(overrides),
+                 data_dir=data_dir or default_cache_dir() / "data", results_dir=results_dir,
+                 system=system, seed=seed, runs=runs, ruleset=ruleset,
+                 division=Division(division), submitter=submitter, cpu_devices=cpu_devices,
+                 clear_caches=clear_caches)
+  console = Console(stderr=True)
+  plan = runner.prepare(rc, console=console)
+  if plan.runtime.is_leader:
+    _header(plan, console)
+  outcomes = runner.run_all(plan, console=console,
+                            on_outcome=lambda o: _report(plan, o, console))
+  if plan.runtime.is_leader and len(outcomes) > 1:
+    _summary(plan, outcomes, console)
+  good = all(o.result.success and (o.check is None or o.check.passed) for o in outcomes)
+  return 0 if good else 1
+
+
+def _header(plan, console) -> None:
+  q = plan.rule.quality
+  mesh = " x ".join(f"{k}={v}" for k, v in plan.mesh.shape.items())
+  console.print(
+      f"[bold]{plan.workload.name}[/] ({plan.config_name} config, {plan.rule.ruleset} rules, "
+      f"{plan.rc.division.value} division): target {q.key} {'>=' if q.direction.value == 'higher' else '<='} "
+      f"{q.target:g}; global batch {plan.gbs}; {len(plan.runtime.devices)} "
+      f"{plan.runtime.devices[0].platform} devices ({mesh}), {plan.runtime.process_count} "
+      f"process(es); system {plan.system}", highlight=False)
+  if plan.rc.runs < plan.rule.runs:
+    console.print(f"note: an MLPerf result for {plan.rule.benchmark} needs {plan.rule.runs} runs "
+                  f"(--runs {plan.rule.runs}); this is {plan.rc.runs}", highlight=False)
+
+
+def _report(plan, outcome, console) -> None:
+  if not plan.runtime.is_leader:
+    return
+  r, check = outcome.result, outcome.check
+  status = "success" if r.success else "aborted"
+  last = r.evals[-1][1] if r.evals else float("nan")
+  wait = 100 * r.input_wait_s / r.train_s if r.train_s else 0.0
+  init_limit = plan.rule.init_limit_minutes[plan.rc.division.value] * 60
+  color = "green" if r.success else "red"
+  console.print(
+      f"[{color}]run {outcome.index + 1}: {status}[/] in {r.time_to_train_s:.1f} s "
+      f"(epoch {r.epoch:g}, {plan.rule.quality.key}={last:.4f}); "
+      f"{r.samples_per_s:,.0f} samples/s; init {r.init_s:.1f} s; input wait {wait:.1f}%; "
+      f"log {r.log}", highlight=False)
+  if r.init_s > init_limit:
+    console.print(f"[red]init took {r.init_s / 60:.1f} min, over the {init_limit / 60:g} min the "
+                  f"{plan.rule.ruleset} rules allow: this run is not compliant", highlight=False)
+  if check is not None:
+    verdict = "[green]PASS" if check.passed else "[red]FAIL"
+    console.print(f"compliance {verdict}[/]: {check.command}", highlight=False)
+    for line in ([] if check.passed else check.failures()[:10]):
+      console.print(f"  {line}", highlight=False)
+  click.echo(json.dumps({
+      "workload": plan.workload.name, "benchmark": plan.workload.benchmark,
+      "config": plan.config_name, "ruleset": plan.rule.ruleset, "run": outcome.index,
+      "seed": r.seed, "status": status, "time_to_train_s": round(r.time_to_train_s, 3),
+      "epoch": r.epoch, "samples": r.samples, plan.rule.quality.key: last,
+      "samples_per_s": round(r.samples_per_s, 1), "init_s": round(r.init_s, 3),
+      "input_wait_fraction": round(wait / 100, 4), "train_metrics": r.train_metrics,
+      "log": str(r.log) if r.log else None,
+      "compliant": None if check is None else check.passed}))
+
+
+def _summary(plan, outcomes, console) -> None:
+  from rich.table import Table
+
+  table = Table(title=f"{plan.workload.name}: {len(outcomes)} runs", title_justify="left")
+  for col in ("run", "seed", "status", "time to train (s)", "epoch", "samples/s", "log"):
+    table.add_column(col, justify="right" if col not in ("status", "log") else "left")
+  for o in outcomes:
+    r = o.result
+    table.add_row(str(o.index + 1), str(r.seed), "success" if r.success else "aborted",
+                  f"{r.time_to_train_s:.1f}", f"{r.epoch:g}", f"{r.samples_per_s:,.0f}",
+                  str(r.log))
+  console.print(table)
+  times = [o.result.time_to_train_s for o in outcomes if o.result.success]
+  if times:
+    console.print(f"median time to train: {statistics.median(times):.1f} s over {len(times)} "
+                  f"successful runs", highlight=False)
