@@ -45,11 +45,17 @@ class RunResult:
   evals: list[tuple[float, float]] = dataclasses.field(default_factory=list)
   train_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
   diverged: str | None = None
+  flops_per_example: float = 0.0
   log: Path | None = None
 
   @property
   def samples_per_s(self) -> float:
     return self.samples / self.train_s if self.train_s else 0.0
+
+  @property
+  def flops_per_s(self) -> float:
+    """Achieved training FLOP/s, as XLA counts the compiled step."""
+    return self.samples_per_s * self.flops_per_example
 
 
 def run_once(plan: Plan, seed: int, log: MLLog, progress: RunProgress) -> RunResult:
@@ -66,10 +72,11 @@ def run_once(plan: Plan, seed: int, log: MLLog, progress: RunProgress) -> RunRes
   log.init_stop(time_ms=clock.mark("init_stop", state))
   result.init_s = clock.between("init_start", "init_stop")
   log.run_start(time_ms=clock.mark("run_start"))
-  state = _train_and_evaluate(plan, programs, state, seed, log, clock, progress, result)
-  log.run_stop(result.success, time_ms=clock.mark("run_stop", state))
+  _train_and_evaluate(plan, programs, state, seed, log, clock, progress, result)
   result.time_to_train_s = clock.between("run_start", "run_stop")
   result.train_s, result.eval_s = clock.segments["train"], clock.segments["eval"]
+  if programs.train_flops:  # XLA's count is per device of the SPMD program.
+    result.flops_per_example = programs.train_flops * plan.mesh.devices.size / plan.gbs
   return result
 
 
@@ -81,7 +88,12 @@ def _log_setup(plan: Plan, seed: int, log: MLLog) -> None:
 
 
 def _train_and_evaluate(plan: Plan, programs: steps.Programs, state: Any, seed: int, log: MLLog,
-                        clock: Clock, progress: RunProgress, result: RunResult) -> Any:
+                        clock: Clock, progress: RunProgress, result: RunResult) -> None:
+  """Blocks of training and evaluations until the target or the budget; logs run_stop.
+
+  run_stop is logged here, while the input pipelines are still alive: tearing
+  them down is not part of the run.
+  """
   train_batches = _train_iterator(plan, programs, seed)
   eval_ds = _eval_dataset(plan)
   step, first_epoch = 0, 1
@@ -107,7 +119,7 @@ def _train_and_evaluate(plan: Plan, programs: steps.Programs, state: Any, seed: 
     if plan.rule.quality.reached(value):
       result.success = True
       break
-  return state
+  log.run_stop(result.success, time_ms=clock.mark("run_stop", state))
 
 
 def _train_block(programs: steps.Programs, state: Any, batches: Any, n: int, gbs: int,

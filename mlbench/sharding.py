@@ -58,6 +58,8 @@ def mesh_spec(logical: Any, mesh: Any, ndim: int, where: str) -> Any:
                       f"known: {', '.join(AXIS_RULES)}")
     axis = AXIS_RULES[name]
     out.append(axis if axis in mesh.shape and mesh.shape[axis] > 1 else None)
+  while out and out[-1] is None:  # P(None, None) and P() mean the same; keep one form.
+    out.pop()
   return PartitionSpec(*out)
 
 

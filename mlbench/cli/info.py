@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import click
 
+from mlbench.cli import output
+
 
 @click.command("list")
 def list_cmd() -> int:
   """List workloads: benchmark key, quality metric, target and default config."""
-  from rich.console import Console
   from rich.table import Table
 
   from mlbench import registry, rules
@@ -23,7 +24,7 @@ def list_cmd() -> int:
     table.add_row(w.name, w.benchmark, f"{rule.quality.key} ({w.quality_metric})",
                   f"{sign} {rule.quality.target:g} ({ruleset})", w.default_config,
                   ", ".join(w.configs), ", ".join(rules.rulesets(w.benchmark)))
-  Console().print(table)
+  output.console(stderr=False).print(table)
   return 0
 
 
@@ -34,13 +35,11 @@ def list_cmd() -> int:
 @click.option("--ruleset", metavar="VERSION", help="Rules to show. [default: the config's default]")
 def describe_cmd(workload: str, config_name: str | None, ruleset: str | None) -> int:
   """Configs, hyperparameters, rules, parameter count and FLOPs per example of WORKLOAD."""
-  from rich.console import Console
-
   from mlbench import config as config_lib, registry
 
   w = registry.get(workload)
   names = [config_name] if config_name else list(w.configs)
-  console = Console()
+  console = output.console(stderr=False)
   for name in names:
     shown, cfg = config_lib.load(w, name)
     _describe_one(console, w, shown, cfg, ruleset)

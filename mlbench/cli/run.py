@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from mlbench.cli import output
 from mlbench.config import Division, RunConfig, default_cache_dir
 
 
@@ -54,8 +55,6 @@ def run_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...],
   Prints one JSON line per run on stdout; progress and summaries on stderr.
   Exit code 0 when every run reached the target with a compliant log, else 1.
   """
-  from rich.console import Console
-
   from mlbench import runner  # Heavy: JAX, Flax, TensorFlow.
 
   rc = RunConfig(workload=workload, config=config_name, overrides=tuple(overrides),
@@ -63,7 +62,7 @@ def run_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...],
                  system=system, seed=seed, runs=runs, ruleset=ruleset,
                  division=Division(division), submitter=submitter, cpu_devices=cpu_devices,
                  clear_caches=clear_caches)
-  console = Console(stderr=True)
+  console = output.console()
   plan = runner.prepare(rc, console=console)
   if plan.runtime.is_leader:
     _header(plan, console)
@@ -101,7 +100,8 @@ def _report(plan, outcome, console) -> None:
   console.print(
       f"[{color}]run {outcome.index + 1}: {status}[/] in {r.time_to_train_s:.1f} s "
       f"(epoch {r.epoch:g}, {plan.rule.quality.key}={last:.4f}); "
-      f"{r.samples_per_s:,.0f} samples/s; init {r.init_s:.1f} s; input wait {wait:.1f}%; "
+      f"{r.samples_per_s:,.0f} samples/s ({r.flops_per_s / 1e9:,.1f} GFLOP/s); "
+      f"init {r.init_s:.1f} s; input wait {wait:.1f}%; "
       f"log {r.log}", highlight=False)
   if r.init_s > init_limit:
     console.print(f"[red]init took {r.init_s / 60:.1f} min, over the {init_limit / 60:g} min the "
@@ -116,7 +116,8 @@ def _report(plan, outcome, console) -> None:
       "config": plan.config_name, "ruleset": plan.rule.ruleset, "run": outcome.index,
       "seed": r.seed, "status": status, "time_to_train_s": round(r.time_to_train_s, 3),
       "epoch": r.epoch, "samples": r.samples, plan.rule.quality.key: last,
-      "samples_per_s": round(r.samples_per_s, 1), "init_s": round(r.init_s, 3),
+      "samples_per_s": round(r.samples_per_s, 1), "flops_per_s": round(r.flops_per_s),
+      "init_s": round(r.init_s, 3),
       "input_wait_fraction": round(wait / 100, 4), "train_metrics": r.train_metrics,
       "log": str(r.log) if r.log else None,
       "compliant": None if check is None else check.passed}))
