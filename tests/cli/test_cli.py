@@ -1,0 +1,93 @@
+"""The command line: fast help, one-line errors with exit code 2, list and describe."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mlbench.cli import main
+
+HEAVY = ("jax", "jaxlib", "tensorflow", "flax", "optax", "mlperf_logging")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["list"]])
+def test_help_and_list_import_no_heavy_framework(args):
+  code = ("import sys; from mlbench.cli import main; rc = main(%r); "
+          "print('LOADED', sorted({m.split('.')[0] for m in sys.modules} & set(%r))); "
+          "sys.exit(rc)" % (args, HEAVY))
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+  assert out.returncode == 0, out.stderr
+  assert "LOADED []" in out.stdout
+
+
+def test_a_bad_request_is_one_line_on_stderr_with_exit_code_2(mlbench):
+  out = mlbench("run", "resnet51", timeout=120)
+  assert out.returncode == 2
+  assert out.stderr == "error: unknown workload 'resnet51'; choose one of: resnet50\n"
+  assert out.stdout == ""
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "resnet50", "--config", "huge"],
+     "error: unknown config 'huge' for resnet50; choose one of: full, mini, or give a path to a "
+     ".py file"),
+    (["run", "resnet50", "--set", "nope=1"], "error: unknown config key 'nope'; valid keys here:"),
+    (["run", "resnet50", "--set", "global_batch_size=abc"],
+     "error: global_batch_size must be an int; got 'abc'"),
+    (["run", "resnet50", "--ruleset", "9.9.9"],
+     "error: no 9.9.9 rules for benchmark 'resnet'; choose --ruleset from: 0.7.0, 4.0.0, mini"),
+    (["run", "resnet50", "--set", "optimizer.weight_decay=0.0003"],
+     "error: resnet50 (mini) breaks the mini resnet rules: lars_opt_weight_decay=0.0003 must "
+     "satisfy power_of_two_times 0.0001; use --division open or change the config"),
+    (["run", "resnet50", "--set", "global_batch_size=100"],
+     "error: global_batch_size=100 does not split evenly over 8 data-parallel devices and 1 "
+     "processes; --set global_batch_size= a multiple of 8"),
+    (["run", "resnet50", "--division", "half"], "error: Invalid value for '--division'"),
+    (["run", "resnet50", "--runs", "0"], "error: Invalid value for '--runs'"),
+    (["run", "resnet50", "--bogus"], "error: no such option --bogus"),
+    (["describe", "resnet5"], "error: unknown workload 'resnet5'; choose one of: resnet50"),
+    (["run"], "error: Missing argument 'WORKLOAD'. (see `mlbench run --help`)"),
+])
+def test_bad_input_messages(capsys, tmp_path, args, message):
+  rc = main(args + (["--results-dir", str(tmp_path)] if args[:1] == ["run"] and len(args) > 1
+                    else []))
+  err = capsys.readouterr().err
+  assert rc == 2
+  assert err.startswith(message), err
+  assert err.count("\n") == 1 and "Traceback" not in err
+  assert not (tmp_path / "results").exists()  # Nothing is written for a refused run.
+
+
+def test_list_shows_benchmark_metric_target_and_default(capsys):
+  assert main(["list"]) == 0
+  out = capsys.readouterr().out
+  for text in ("resnet50", "resnet", "eval_accuracy", "0.97", "mini", "4.0.0"):
+    assert text in out
+
+
+def test_describe_shows_sizes_hyperparameters_and_rules(capsys):
+  assert main(["describe", "resnet50", "--config", "mini"]) == 0
+  out = capsys.readouterr().out
+  assert "parameters: 509,594" in out and "training FLOPs per example" in out
+  assert "optimizer.base_learning_rate" in out and "lars_opt_weight_decay" in out
+  assert "rules mini" in out and "evaluate every 4 epochs" in out
+
+
+@pytest.mark.slow
+def test_a_short_run_never_clobbers_an_earlier_result(mlbench, tmp_path, data_dir):
+  """An aborted run (budget too small for the target) still files its log, as result_1."""
+  folder = tmp_path / "results" / "results" / "cpu-test" / "resnet"
+  folder.mkdir(parents=True)
+  (folder / "result_0.txt").write_text("an earlier run")
+  out = mlbench("run", "resnet50", "--set", "train_epochs=0.2", "--system", "cpu-test",
+                "--data-dir", str(data_dir), "--cpu-devices", "8", "--seed", "3", cwd=tmp_path)
+  assert out.returncode == 1, out.stderr  # Did not reach the target: exit 1, not 2.
+  line = json.loads(out.stdout.strip().splitlines()[-1])
+  assert line["status"] == "aborted" and line["seed"] == 3 and line["compliant"] is False
+  assert (folder / "result_0.txt").read_text() == "an earlier run"
+  assert line["log"] == "results/results/cpu-test/resnet/result_1.txt"
+  assert (tmp_path / "results" / "systems" / "cpu-test.json").is_file()
+  assert sorted(p.name for p in folder.iterdir()) == ["result_0.txt", "result_1.txt"]

@@ -1,0 +1,94 @@
+"""Config loading and typed dotted overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlbench import config as config_lib
+from mlbench.errors import UserError
+from workloads.resnet50 import WORKLOAD
+from workloads.resnet50.config import Optimizer, Stem
+
+
+def mini():
+  return WORKLOAD.configs["mini"]()
+
+
+def test_overrides_are_parsed_as_the_declared_types():
+  cfg = config_lib.override(mini(), [
+      "global_batch_size=256", "optimizer.base_learning_rate=2.5", "optimizer.name=sgd",
+      "model.stem=imagenet", "model.stage_sizes=2,2,2,2", "data.crop_area=(0.3, 1.0)",
+      "data.flip=true", "train_epochs=7"])
+  assert cfg.global_batch_size == 256
+  assert cfg.optimizer.base_learning_rate == 2.5
+  assert cfg.optimizer.name is Optimizer.SGD
+  assert cfg.model.stem is Stem.IMAGENET
+  assert cfg.model.stage_sizes == (2, 2, 2, 2)
+  assert cfg.data.crop_area == (0.3, 1.0)
+  assert cfg.data.flip is True
+  assert cfg.train_epochs == 7.0
+  # Untouched fields keep the config's values; the original is not mutated.
+  assert cfg.model.width == mini().model.width
+  assert mini().global_batch_size == 128
+
+
+@pytest.mark.parametrize("assignment, message", [
+    ("global_batch_sise=3", "unknown config key 'global_batch_sise'; valid keys here: data, "
+                            "eval_batch_size, global_batch_size, model, optimizer, train_epochs"),
+    ("optimizer.lr=1", "unknown config key 'optimizer.lr'"),
+    ("optimizer=1", "config key 'optimizer' is a section; set one of: optimizer.name"),
+    ("global_batch_size=big", "global_batch_size must be an int; got 'big'"),
+    ("optimizer.name=adam", "optimizer.name must be one of: lars, sgd; got 'adam'"),
+    ("data.flip=maybe", "data.flip must be true or false"),
+    ("data.crop_area=0.5", "data.crop_area needs 2 comma-separated values"),
+    ("no_equals_sign", "--set expects KEY=VALUE, got 'no_equals_sign'"),
+    ("model.width.x=1", "'width' is a value, not a section"),
+])
+def test_bad_overrides_name_the_problem_and_the_choices(assignment, message):
+  with pytest.raises(UserError) as e:
+    config_lib.override(mini(), [assignment])
+  assert message in str(e.value)
+  assert "\n" not in str(e.value)
+
+
+def test_config_by_name_and_from_a_python_file(tmp_path):
+  name, cfg = config_lib.load(WORKLOAD, None)
+  assert name == "mini" and cfg == mini()
+  path = tmp_path / "wide.py"
+  path.write_text("import dataclasses\nfrom workloads.resnet50 import config\n"
+                  "def get_config():\n"
+                  "  c = config.mini()\n"
+                  "  return dataclasses.replace(c, global_batch_size=512)\n")
+  name, cfg = config_lib.load(WORKLOAD, str(path))
+  assert name == "wide" and cfg.global_batch_size == 512
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "does not exist"),
+    ("x = 1\n", "has no get_config()"),
+    ("def get_config():\n  return 3\n", "get_config() returned int, expected"),
+    ("raise ValueError('boom')\n", "failed to load: ValueError: boom"),
+])
+def test_bad_config_files_are_one_line_errors(tmp_path, content, message):
+  path = tmp_path / "c.py"
+  if content is not None:
+    path.write_text(content)
+  with pytest.raises(UserError, match=None) as e:
+    config_lib.load(WORKLOAD, str(path))
+  assert message in str(e.value)
+
+
+def test_unknown_config_name_lists_the_configs():
+  with pytest.raises(UserError) as e:
+    config_lib.load(WORKLOAD, "huge")
+  assert "unknown config 'huge' for resnet50; choose one of: full, mini" in str(e.value)
+
+
+def test_flatten_lists_every_leaf_with_enum_values():
+  flat = config_lib.flatten(mini())
+  assert flat["optimizer.name"] == "lars"
+  assert flat["model.stage_sizes"] == (1, 1, 1, 1)
+  import dataclasses
+  cfg = mini()
+  leaves = sum(len(dataclasses.fields(getattr(cfg, s))) for s in ("model", "data", "optimizer"))
+  assert "model" not in flat and len(flat) == leaves + 3  # + batch sizes and train_epochs

@@ -1,0 +1,79 @@
+"""Every registered workload, through the harness's compiled programs, on 8 devices.
+
+One parametrized test per contract duty: the train step learns on its own
+synthetic batch, the eval step and the workload's reduction give the quality
+metric, and the logged hyperparameters satisfy the workload's rules. Runs on
+each workload's mini config (its full config is for a pod).
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from mlbench import evaluate, mesh as mesh_lib, registry, rules, steps
+from mlbench.plan import harness_hparams
+from mlbench.workload import Split, StepContext
+
+
+@pytest.fixture(scope="module", params=registry.names())
+def compiled(request):
+  w = registry.get(request.param)
+  cfg = w.configs["mini"]()
+  sched = w.schedule(cfg)
+  mesh = mesh_lib.make_mesh()
+  ctx = StepContext(mesh=mesh)
+  programs = steps.compile_programs(w, cfg, sched, mesh, ctx, w.optimizer(cfg, sched))
+  rng = mesh_lib.replicated(mesh)
+
+  def fresh_state():  # The train step donates its state; every test starts anew.
+    return programs.init(jax.device_put(jax.random.key(0), rng))
+
+  return w, cfg, sched, ctx, programs, fresh_state
+
+
+def test_train_step_learns_its_synthetic_batch(compiled):
+  w, cfg, sched, _, programs, fresh_state = compiled
+  state = fresh_state()
+  batch = w.synthetic_batch(cfg, Split.TRAIN, sched.global_batch_size, np.random.default_rng(0))
+  device_batch = mesh_lib.to_global(batch, programs.batch_sharding, sched.global_batch_size)
+  losses = []
+  for _ in range(8):
+    state, sums = programs.train(state, programs.fresh_sums(), device_batch)
+    losses.append(float(jax.device_get(sums)["loss"]))
+  assert all(np.isfinite(losses))
+  assert int(jax.device_get(state.step)) == 8
+  assert min(losses[-3:]) < losses[0], losses
+
+
+def test_eval_step_and_reduction_give_the_quality_metric(compiled):
+  w, cfg, sched, _, programs, fresh_state = compiled
+  state = fresh_state()
+  n = sched.eval_batch_size + sched.eval_batch_size // 2  # A padded last batch.
+  rng = np.random.default_rng(1)
+  examples = w.synthetic_batch(cfg, Split.EVAL, n, rng)
+  pairs = []
+  for start in range(0, 2 * sched.eval_batch_size, sched.eval_batch_size):
+    chunk = {k: np.zeros((sched.eval_batch_size,) + v.shape[1:], v.dtype)
+             for k, v in examples.items()}
+    real = max(0, min(sched.eval_batch_size, n - start))
+    for k in chunk:
+      chunk[k][:real] = examples[k][start:start + real]
+    chunk["mask"] = (np.arange(sched.eval_batch_size) < real).astype(np.int32)
+    pairs.append((chunk, mesh_lib.to_global(chunk, programs.batch_sharding,
+                                            sched.eval_batch_size)))
+  metrics, part = evaluate.evaluate(w, cfg, programs.eval, state, pairs, expected=n)
+  assert part.count == n
+  assert np.isfinite(metrics[w.quality_metric])
+
+
+def test_logged_hyperparameters_satisfy_every_ruleset(compiled):
+  w, cfg, sched, ctx, _, _ = compiled
+  for config_name in w.configs:
+    c = w.configs[config_name]()
+    s = w.schedule(c)
+    logged = {**harness_hparams(s), **w.hparams(c, s, ctx)}
+    for ruleset in rules.rulesets(w.benchmark):
+      assert rules.load(w.benchmark, ruleset).problems(logged, closed=True) == [], (
+          config_name, ruleset)

@@ -1,0 +1,109 @@
+"""ResNet-50 specifics: the full model's size, the ImageNet schema, the digits mini data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mlbench import data, steps
+from mlbench.workload import Split
+from workloads.resnet50 import WORKLOAD, config, digits, input_pipeline
+
+
+def test_full_model_has_the_published_resnet50_parameter_count():
+  # 25,557,032 trainable parameters: torchvision's ResNet50_Weights.IMAGENET1K_V1
+  # metadata ("num_params": 25557032), i.e. ResNet-50 v1.5 with 1000 classes,
+  # counting conv and dense weights, the dense bias and batch-norm scale and bias.
+  assert steps.count_params(WORKLOAD, config.full()) == 25_557_032
+
+
+def _records(path):
+  tf = data.tf()
+  return [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(path)]
+
+
+def test_digits_are_written_in_the_imagenet_schema(data_dir):
+  cfg = config.mini()
+  train = input_pipeline.files(cfg, data_dir, Split.TRAIN)
+  evals = input_pipeline.files(cfg, data_dir, Split.EVAL)
+  assert [p.rsplit("/", 1)[1] for p in train][0] == "train-00000-of-00008" and len(train) == 8
+  assert len(evals) == 4
+  counts = {s: sum(len(_records(p)) for p in f) for s, f in (("train", train), ("eval", evals))}
+  assert counts == {"train": cfg.data.train_examples, "eval": cfg.data.eval_examples}
+  ex = _records(evals[0])[0].features.feature
+  tf = data.tf()
+  image = tf.io.decode_jpeg(ex["image/encoded"].bytes_list.value[0]).numpy()
+  assert image.shape == (32, 32, 3) and ex["image/format"].bytes_list.value[0] == b"JPEG"
+  assert 1 <= ex["image/class/label"].int64_list.value[0] <= 10
+  assert list(ex["image/object/bbox/xmax"].float_list.value) == [1.0]
+
+
+def test_the_eval_split_is_stratified_and_fixed():
+  x_tr, y_tr, x_ev, y_ev = digits.split()
+  assert (len(x_tr), len(x_ev)) == (1437, 360)
+  assert np.bincount(y_ev).min() >= 35 and np.bincount(y_ev).max() <= 37
+  again = digits.split()
+  np.testing.assert_array_equal(again[3], y_ev)
+
+
+def test_decoded_digits_are_the_source_images(data_dir):
+  """Through JPEG, upsampling, central crop and normalisation, each eval image is its digit."""
+  cfg = config.mini()
+  ds = data.eval_dataset(input_pipeline.files(cfg, data_dir, Split.EVAL),
+                         input_pipeline.decode(cfg, Split.EVAL), num_examples=360,
+                         per_host_batch=360, host=0, hosts=1)
+  batch = next(data.numpy_batches(ds))
+  assert batch["image"].shape == (360, 28, 28, 3) and batch["mask"].sum() == 360
+  _, _, x_ev, y_ev = digits.split()
+  # Written round-robin into 4 files, read file by file.
+  order = np.concatenate([np.arange(k, 360, 4) for k in range(4)])
+  np.testing.assert_array_equal(batch["label"], y_ev[order])  # label_offset undone
+  pixels = batch["image"][..., 0] * cfg.data.stddev_rgb[0] + cfg.data.mean_rgb[0]
+  source = np.kron(x_ev[order].astype(np.float32), np.ones((4, 4)))[:, 2:30, 2:30]
+  corr = [np.corrcoef(a.ravel(), b.ravel())[0, 1] for a, b in zip(pixels, source)]
+  assert min(corr) > 0.85, min(corr)
+
+
+def _china_jpeg() -> bytes:
+  from importlib import resources
+
+  return (resources.files("sklearn.datasets") / "images" / "china.jpg").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def photo_record(tmp_path_factory):
+  """A real photograph (scikit-learn's china.jpg, 427x640 JPEG) as an ImageNet record."""
+  tf = data.tf()
+  path = str(tmp_path_factory.mktemp("imagenet") / "train-{index:05d}-of-{count:05d}")
+  data.write_tfrecords(path, [{
+      "image/encoded": _china_jpeg(), "image/class/label": 608,
+      "image/object/bbox/ymin": np.array([0.1], np.float32),
+      "image/object/bbox/xmin": np.array([0.2], np.float32),
+      "image/object/bbox/ymax": np.array([0.9], np.float32),
+      "image/object/bbox/xmax": np.array([0.7], np.float32)}], 1)
+  return next(iter(tf.data.TFRecordDataset(path.format(index=0, count=1))))
+
+
+def test_full_preprocessing_on_a_real_photo(photo_record):
+  tf = data.tf()
+  cfg = config.full()
+  train = input_pipeline.decode(cfg, Split.TRAIN)
+  a = train(photo_record, tf.constant([1, 2], tf.int64))
+  b = train(photo_record, tf.constant([1, 2], tf.int64))
+  c = train(photo_record, tf.constant([3, 4], tf.int64))
+  assert a["image"].shape == (224, 224, 3) and int(a["label"]) == 607
+  np.testing.assert_array_equal(a["image"].numpy(), b["image"].numpy())
+  assert not np.array_equal(a["image"].numpy(), c["image"].numpy())
+  ev = input_pipeline.decode(cfg, Split.EVAL)(photo_record, tf.zeros([2], tf.int64))
+  assert ev["image"].shape == (224, 224, 3)
+  # Mean subtraction only (the reference divides by nothing): raw pixel range shifted.
+  raw = ev["image"].numpy() + np.array(cfg.data.mean_rgb)
+  assert raw.min() >= -1 and raw.max() <= 256
+  # Central 224x224 crop of the 256x383 resize = rows 27..400, columns 132..506 of the photo.
+  photo = tf.io.decode_jpeg(_china_jpeg()).numpy().astype(np.float32)
+  assert photo.shape == (427, 640, 3)
+  for (r0, r1, c0, c1), (pr0, pr1, pc0, pc1) in [((0, 224, 0, 224), (27, 400, 132, 506)),
+                                                 ((0, 112, 0, 112), (27, 214, 132, 319)),
+                                                 ((112, 224, 112, 224), (214, 400, 319, 506))]:
+    np.testing.assert_allclose(raw[r0:r1, c0:c1].mean((0, 1)),
+                               photo[pr0:pr1, pc0:pc1].mean((0, 1)), atol=3.0)
