@@ -17,7 +17,7 @@ def write_log(path, accuracies, *, status_success=True, drop=()):
   cfg = config.mini()
   sched = train.schedule(cfg)
 
-  hparams = {"global_batch_size": 128, "train_samples": 1437, "eval_samples": 360,
+  hparams = {"global_batch_size": 128, "train_samples": 1257, "eval_samples": 540,
              "gradient_accumulation_steps": 1,
              **WORKLOAD.hparams(cfg, sched, StepContext(mesh=None, bn_groups=1))}
   hparams = {k: v for k, v in hparams.items() if k not in drop}

@@ -2,7 +2,7 @@
 
 `sklearn.datasets.load_digits()` ships the 1,797 8x8 greyscale digits of the
 UCI Optdigits test set with the package, so nothing is downloaded. A fixed
-stratified split holds out 360 images for evaluation. Each image is scaled to
+stratified split holds out 540 images (30%) for evaluation. Each image is scaled to
 0..255, upsampled to 32x32 RGB and stored as a quality-100 JPEG (as the MLPerf
 reference stores ImageNet) with a 1-based label and a whole-image bounding box,
 in `train-0000i-of-00008` and `validation-0000i-of-00004` files. The folder is
@@ -24,7 +24,7 @@ from workloads.resnet50.config import ResNetConfig, Source
 from workloads.resnet50.input_pipeline import dataset_dir
 
 STORED_SIZE = 32
-EVAL_SIZE = 360
+EVAL_SIZE = 540
 SPLIT_SEED = 0
 NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
