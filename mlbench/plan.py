@@ -1,9 +1,9 @@
 """Turns a `RunConfig` into a `Plan`: everything the runs of one invocation share.
 
-All checks that do not need a device happen here, before any run starts: the
-workload and config exist, overrides are valid, the batch splits over hosts and
-devices, the logged hyperparameters satisfy the rules of the chosen ruleset and
-division, and the system description agrees with this run.
+All checks that need neither data nor a device happen here, before any run
+starts and before anything is written: the workload and config exist,
+overrides are valid, the batch splits over hosts and devices, and the logged
+hyperparameters satisfy the rules of the chosen ruleset and division.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Plan:
   tx: Any
   hparams: dict[str, Any]
   system: str
-  log_status: str
+  system_desc: dict[str, Any]  # what systems/<system>.json says (written by the runner)
   data_dir: Path
   points: tuple[Point, ...]
   pipeline: data.PipelineOptions = data.PipelineOptions()
@@ -53,6 +53,11 @@ class Plan:
   @property
   def gbs(self) -> int:
     return self.schedule.global_batch_size
+
+  @property
+  def log_status(self) -> str:
+    """`submission_status` as the logs of rulesets <= 4.0.0 spell it."""
+    return results.STATUS_TO_LOG[self.system_desc["status"]]
 
 
 def eval_points(schedule: Schedule, rule: rules.Rule) -> tuple[Point, ...]:
@@ -116,12 +121,10 @@ def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | Non
   system = rc.system or results.default_system_name(machine)
   description = results.describe(machine, system=system, submitter=rc.submitter,
                                  division=rc.division.value, notes=_hw_notes(runtime, rc))
-  on_disk = (results.ensure_system(rc.results_dir, description) if runtime.is_leader
-             else description)
   return Plan(rc=rc, runtime=runtime, workload=workload, config_name=name, cfg=cfg, rule=rule,
               schedule=schedule, mesh=mesh, ctx=ctx, tx=workload.optimizer(cfg, schedule),
-              hparams=hparams, system=system, log_status=results.STATUS_TO_LOG[on_disk["status"]],
-              data_dir=rc.data_dir, points=eval_points(schedule, rule))
+              hparams=hparams, system=system, system_desc=description, data_dir=rc.data_dir,
+              points=eval_points(schedule, rule))
 
 
 def _hw_notes(runtime: Runtime, rc: RunConfig) -> str:

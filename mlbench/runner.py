@@ -16,9 +16,11 @@ from rich.console import Console
 
 from mlbench import compliance, config as config_lib, loop, results, runtime as runtime_lib
 from mlbench.config import RunConfig
+from mlbench.errors import UserError
 from mlbench.mllog import MLLog
 from mlbench.plan import Plan, make_plan
 from mlbench.progress import RunProgress
+from mlbench.workload import Split
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,16 +52,31 @@ def seeds(rc: RunConfig, process_count: int) -> list[int]:
   return drawn
 
 
-def prepare(rc: RunConfig, *, console: Console) -> Plan:
-  """Process setup, validation, data preparation: everything before the first run."""
+def prepare(rc: RunConfig) -> Plan:
+  """Process setup, validation, data preparation: everything before the first run.
+
+  Nothing is written under --results-dir until every check has passed.
+  """
   runtime = runtime_lib.setup(cpu_devices=rc.cpu_devices)
   plan = make_plan(rc, runtime)
   if plan.workload.input.prepare is not None:
-    if runtime.is_leader:
-      console.print(f"preparing {plan.workload.name} ({plan.config_name}) data in {rc.data_dir}",
-                    highlight=False)
-    plan.workload.input.prepare(plan.cfg, rc.data_dir)
-  return plan
+    try:
+      plan.workload.input.prepare(plan.cfg, rc.data_dir)
+    except OSError as e:
+      raise UserError(f"cannot write the dataset under {rc.data_dir} ({e.strerror or e}); "
+                      "choose a writable --data-dir") from None
+  # Listing the files is not reading them: a missing dataset fails here, before
+  # anything is written, instead of after run_start.
+  for split in (Split.TRAIN, Split.EVAL):
+    plan.workload.input.files(plan.cfg, rc.data_dir, split)
+  if not runtime.is_leader:
+    return plan
+  try:
+    on_disk = results.ensure_system(rc.results_dir, plan.system_desc)
+  except OSError as e:
+    raise UserError(f"cannot write under --results-dir {rc.results_dir} ({e.strerror or e}); "
+                    "choose a writable folder") from None
+  return dataclasses.replace(plan, system_desc=on_disk)
 
 
 def run_all(plan: Plan, *, console: Console,

@@ -63,7 +63,7 @@ def run_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...],
                  division=Division(division), submitter=submitter, cpu_devices=cpu_devices,
                  clear_caches=clear_caches)
   console = output.console()
-  plan = runner.prepare(rc, console=console)
+  plan = runner.prepare(rc)
   if plan.runtime.is_leader:
     _header(plan, console)
   outcomes = runner.run_all(plan, console=console,
@@ -82,7 +82,7 @@ def _header(plan, console) -> None:
       f"{plan.rc.division.value} division): target {q.key} {'>=' if q.direction.value == 'higher' else '<='} "
       f"{q.target:g}; global batch {plan.gbs}; {len(plan.runtime.devices)} "
       f"{plan.runtime.devices[0].platform} devices ({mesh}), {plan.runtime.process_count} "
-      f"process(es); system {plan.system}", highlight=False)
+      f"process(es); system {plan.system}; data {plan.data_dir}", highlight=False)
   if plan.rc.runs < plan.rule.runs:
     console.print(f"note: an MLPerf result for {plan.rule.benchmark} needs {plan.rule.runs} runs "
                   f"(--runs {plan.rule.runs}); this is {plan.rc.runs}", highlight=False)

@@ -50,6 +50,9 @@ def test_a_bad_request_is_one_line_on_stderr_with_exit_code_2(mlbench):
     (["run", "resnet50", "--bogus"], "error: no such option --bogus"),
     (["describe", "resnet5"], "error: unknown workload 'resnet5'; choose one of: resnet50"),
     (["run"], "error: Missing argument 'WORKLOAD'. (see `mlbench run --help`)"),
+    (["run", "resnet50", "--config", "full", "--data-dir", "/nonexistent/imagenet"],
+     "error: no train-*-of-* TFRecord files in /nonexistent/imagenet; point --data-dir at the "
+     "ImageNet TFRecords written by imagenet_to_gcs.py"),
 ])
 def test_bad_input_messages(capsys, tmp_path, args, message):
   rc = main(args + (["--results-dir", str(tmp_path)] if args[:1] == ["run"] and len(args) > 1
@@ -58,7 +61,7 @@ def test_bad_input_messages(capsys, tmp_path, args, message):
   assert rc == 2
   assert err.startswith(message), err
   assert err.count("\n") == 1 and "Traceback" not in err
-  assert not (tmp_path / "results").exists()  # Nothing is written for a refused run.
+  assert list(tmp_path.iterdir()) == []  # Nothing is written for a refused run.
 
 
 def test_list_shows_benchmark_metric_target_and_default(capsys):
