@@ -61,12 +61,15 @@ class Plan:
 
 
 def eval_points(schedule: Schedule, rule: rules.Rule) -> tuple[Point, ...]:
-  """Where the rules' cadence puts evaluations, up to the training budget."""
-  every = rule.evaluation.every_samples(schedule.train_examples)
-  points, k = [], 1
-  while (step := math.ceil(k * every / schedule.global_batch_size)) <= schedule.max_steps:
-    points.append(_point(schedule, rule, step, nominal=k * rule.evaluation.every))
-    k += 1
+  """Where the rules' cadence puts evaluations (rounded up to whole steps), up to the
+  training budget, which always ends with one."""
+  ev = rule.evaluation
+  per_unit = schedule.train_examples if ev.unit is rules.Unit.EPOCHS else 1
+  points = []
+  for nominal in ev.points(schedule.global_batch_size, schedule.max_train_samples / per_unit):
+    step = math.ceil(round(nominal * per_unit, 6) / schedule.global_batch_size)
+    if step <= schedule.max_steps and (not points or step > points[-1].step):
+      points.append(_point(schedule, rule, step, nominal=nominal))
   if not points or points[-1].step != schedule.max_steps:
     points.append(_point(schedule, rule, schedule.max_steps, nominal=None))
   return tuple(points)

@@ -47,18 +47,48 @@ class Quality:
     return value >= self.target if self.direction is Direction.HIGHER else value <= self.target
 
 
+class Policy(enum.Enum):
+  """How strictly the cadence binds (the rules' wording changed after v0.7)."""
+
+  EXACTLY = "exactly"    # "at the same frequency ... may be rounded up to the batch size"
+  AT_LEAST = "at_least"  # "at least as frequently as"
+
+
 @dataclasses.dataclass(frozen=True)
 class Evaluation:
-  """Evaluation cadence: every `every` epochs or samples (first one up to `max_offset` early)."""
+  """Evaluation cadence, in `unit` (epochs or training samples).
+
+  Attributes:
+    unit: what `every`, `at` and `max_offset` count.
+    every: the interval, or {slope, intercept, floor_to}: an interval that
+      depends on the global batch size (BERT since 1.0).
+    at: explicit points first (SSD v0.7: epochs 40, 50, 55, ...); the regular
+      interval resumes after the last of them.
+    max_offset: all evaluations may come up to this much earlier (ResNet).
+    policy: exactly, or at least this often.
+  """
 
   unit: Unit
-  every: float
+  every: float | Mapping[str, float]
+  at: tuple[float, ...] = ()
   max_offset: float = 0.0
+  policy: Policy = Policy.EXACTLY
 
-  def every_samples(self, train_examples: int) -> int:
-    if self.unit is Unit.EPOCHS:
-      return int(round(self.every * train_examples))
-    return int(self.every)
+  def interval(self, global_batch_size: int) -> float:
+    if isinstance(self.every, Mapping):
+      raw = self.every["slope"] * global_batch_size + self.every["intercept"]
+      return math.floor(raw / self.every["floor_to"]) * self.every["floor_to"]
+    return float(self.every)
+
+  def points(self, global_batch_size: int, limit: float) -> list[float]:
+    """Evaluation points up to `limit`, in `unit`, before any offset."""
+    out = [p for p in self.at if p <= limit]
+    step = self.interval(global_batch_size)
+    p = (self.at[-1] if self.at else 0.0) + step
+    while p <= limit + 1e-9:
+      out.append(p)
+      p += step
+    return out
 
 
 _CHECKS = {
@@ -71,29 +101,48 @@ _CHECKS = {
     # Same tolerance as the official checker's is_integer().
     "multiple_of": lambda v, x: abs(round(v / x) - v / x) < 1e-5,
     "power_of_two_times": lambda v, x: v > 0 and abs(round(math.log2(v / x)) - math.log2(v / x)) < 1e-5,
+    "elements": lambda v, x: len(v) >= len(x) and all(
+        c is None or _violation(c, e, "") is None for c, e in zip(x, v)),
 }
+
+
+def _violation(check: Mapping[str, Any], value: Any, key: str) -> str | None:
+  for op, arg in check.items():
+    try:
+      ok = _CHECKS[op](value, arg)
+    except (TypeError, ValueError, ZeroDivisionError):
+      ok = False
+    if not ok:
+      return f"{key}={value!r} must satisfy {op} {arg!r}"
+  return None
 
 
 @dataclasses.dataclass(frozen=True)
 class Hyperparameter:
-  """A key the log must carry (if `when` matches), and the values it may take."""
+  """A key the log must carry (if `when` matches), and the values it may take.
+
+  `metadata` holds checks on fields of the logged line's metadata (the
+  transformer's max_sequence_length names its `method`).
+  """
 
   key: str
   when: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   check: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  metadata: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
   def applies(self, hparams: Mapping[str, Any]) -> bool:
     return all(hparams.get(k) == v for k, v in self.when.items())
 
-  def violation(self, value: Any) -> str | None:
-    """None if `value` satisfies every check, else a description of the rule."""
-    for op, arg in self.check.items():
-      try:
-        ok = _CHECKS[op](value, arg)
-      except (TypeError, ValueError, ZeroDivisionError):
-        ok = False
-      if not ok:
-        return f"{self.key}={value!r} must satisfy {op} {arg!r}"
+  def violation(self, value: Any, metadata: Mapping[str, Any] | None = None) -> str | None:
+    """None if `value` (and its line's metadata) satisfy every check, else the rule."""
+    msg = _violation(self.check, value, self.key)
+    if msg or metadata is None:
+      return msg
+    for field, check in self.metadata.items():
+      if field not in metadata:
+        return f"{self.key} must carry metadata '{field}'"
+      if msg := _violation(check, metadata[field], f"{self.key} metadata {field}"):
+        return msg
     return None
 
 
@@ -226,17 +275,21 @@ def _validate(doc: dict[str, Any], path: Path) -> None:
 
 def _build(doc: dict[str, Any], path: Path) -> Rule:
   q, ev = doc["quality"], doc["evaluation"]
+  every = ev["every"] if isinstance(ev["every"], dict) else float(ev["every"])
+  evaluation = Evaluation(Unit(ev["unit"]), every, tuple(float(a) for a in ev.get("at", ())),
+                          float(ev.get("max_offset", 0)), Policy(ev.get("policy", "exactly")))
   return Rule(
       ruleset=str(doc["ruleset"]),
       benchmark=doc["benchmark"],
       checker_usage=doc["checker"]["usage"],
       checker_ruleset=str(doc["checker"]["ruleset"]),
       quality=Quality(q["key"], float(q["target"]), Direction(q["direction"])),
-      evaluation=Evaluation(Unit(ev["unit"]), float(ev["every"]), float(ev.get("max_offset", 0))),
+      evaluation=evaluation,
       convergence_unit=Unit(doc["convergence_unit"]),
       runs=int(doc["runs"]),
       init_limit_minutes={k: float(v) for k, v in doc["init_limit_minutes"].items()},
-      hyperparameters=tuple(Hyperparameter(h["key"], h.get("when", {}), h.get("check", {}))
+      hyperparameters=tuple(Hyperparameter(h["key"], h.get("when", {}), h.get("check", {}),
+                                           h.get("metadata", {}))
                             for h in doc["hyperparameters"]),
       source=path,
   )

@@ -39,10 +39,12 @@ def _enqueued(records: list[dict], key: str, value: str) -> list[tuple[str, str]
   return out
 
 
-def official_requirements(rule: rules.Rule, opt_name: str) -> dict[str, str | None]:
-  """{key: CHECK expression or None} the closed checker requires for `opt_name`."""
+def official_requirements(rule: rules.Rule, variant: dict) -> dict[str, object]:
+  """{key: CHECK expression(s) or None} the closed checker requires for one variant
+  (values of the keys that select further rule files, like resnet's opt_name)."""
   files = [(rule.ruleset, "closed_common.yaml"), (rule.ruleset, f"closed_{rule.benchmark}.yaml")]
-  files += _enqueued(_official(*files[1]), "opt_name", opt_name)
+  for key, value in variant.items():
+    files += _enqueued(_official(*files[1]), key, value)
   required = {}
   for ruleset, name in files:
     for r in _official(ruleset, name):
@@ -51,8 +53,19 @@ def official_requirements(rule: rules.Rule, opt_name: str) -> dict[str, str | No
   return {k: v for k, v in required.items() if k not in STRUCTURAL}
 
 
+def variants(rule: rules.Rule) -> list[dict]:
+  """Every combination of the values our `when` conditions select on."""
+  keys = sorted({k for h in rule.hyperparameters for k in h.when})
+  if not keys:
+    return [{}]
+  assert len(keys) == 1, "extend variants() for rules that select on several keys"
+  choices = next(h.check["in"] for h in rule.hyperparameters if h.key == keys[0])
+  return [{keys[0]: c} for c in choices]
+
+
 def official_rules():
-  return [(b, r) for b in ("resnet",) for r in rules.rulesets(b) if r != rules.MINI]
+  return [(b, r) for b in sorted({p.stem for p in rules.rules_dir().glob("*/*.yaml")})
+          for r in rules.rulesets(b) if r != rules.MINI]
 
 
 def _samples(check: dict) -> list:
@@ -60,34 +73,51 @@ def _samples(check: dict) -> list:
   for op, arg in check.items():
     if op == "in":
       out += list(arg) + ["adam", "other"]
+    elif op == "elements":
+      columns = [_samples(c) if c else [43] for c in arg]
+      width = max(len(c) for c in columns)
+      out += [[c[i % len(c)] for c in columns] for i in range(width)] + [[], [1]]
+    elif isinstance(arg, (int, float)):
+      out += [arg * f for f in (1, 2, 0.5, 3, 1.5, 1.000001, -1)] + [0, arg + 1, arg - 1]
     else:
-      out += [arg * f for f in (1, 2, 0.5, 3, 1.5, 1.000001, -1)] + [0]
+      out += [arg, "other"]
   return out
 
 
-def _official_check(expr: str, value) -> bool:
+def _metadata_samples(h: rules.Hyperparameter) -> list[dict]:
+  out = [{}]
+  for field, check in h.metadata.items():
+    out += [{field: m} for m in _samples(check)]
+  return out
+
+
+def _official_check(expr, value, metadata) -> bool:
   scope = {"math": math, "is_integer": mlp_compliance.is_integer}
+  exprs = expr if isinstance(expr, list) else [expr]
   try:
-    return bool(eval(expr.strip(), scope, {"v": {"value": value, "metadata": {}}}))
-  except (TypeError, ValueError, ZeroDivisionError):
+    return all(eval(e.strip(), scope, {"v": {"value": value, "metadata": metadata}})
+               for e in exprs)
+  except (TypeError, ValueError, ZeroDivisionError, KeyError, IndexError):
     return False
 
 
 @pytest.mark.parametrize("benchmark, ruleset", official_rules())
 def test_required_keys_and_constraints_match_the_official_checker(benchmark, ruleset):
   rule = rules.load(benchmark, ruleset)
-  opt = next(h for h in rule.hyperparameters if h.key == "opt_name")
-  for opt_name in opt.check["in"]:
-    official = official_requirements(rule, opt_name)
-    ours = {h.key: h for h in rule.hyperparameters if h.applies({"opt_name": opt_name})}
-    assert set(ours) == set(official), (opt_name, set(ours) ^ set(official))
+  for variant in variants(rule):
+    official = official_requirements(rule, variant)
+    ours = {h.key: h for h in rule.hyperparameters if h.applies(variant)}
+    assert set(ours) == set(official), (variant, set(ours) ^ set(official))
     for key, expr in official.items():
+      h = ours[key]
       if expr is None:
-        assert not ours[key].check, f"{key}: we constrain what the checker does not"
+        assert not h.check and not h.metadata, f"{key}: we constrain what the checker does not"
         continue
-      assert ours[key].check, f"{key}: the checker requires {expr!r}, we check nothing"
-      for value in _samples(ours[key].check):
-        assert (ours[key].violation(value) is None) == _official_check(expr, value), (key, value)
+      assert h.check or h.metadata, f"{key}: the checker requires {expr!r}, we check nothing"
+      for value in _samples(h.check):
+        for metadata in _metadata_samples(h):
+          ours_ok = h.violation(value, metadata if h.metadata else None) is None
+          assert ours_ok == _official_check(expr, value, metadata), (key, value, metadata)
 
 
 @pytest.mark.parametrize("benchmark, ruleset", official_rules())
@@ -145,3 +175,14 @@ def test_quality_direction():
   assert q.reached(0.75) and not q.reached(0.7499) and not q.reached(float("nan"))
   q = rules.Quality("eval_accuracy", 3.34, rules.Direction.LOWER)
   assert q.reached(3.3) and not q.reached(3.35)
+
+
+def test_cadence_shapes_of_the_rule_families():
+  bert = rules.load("bert", "4.0.0").evaluation
+  # FLOOR(0.05*(230.23*GBS+3e6), 25000): the v4.0 Dell (768) and NVIDIA (4608) batches.
+  assert (bert.interval(768), bert.interval(4608), bert.interval(8192)) == (150000, 200000, 225000)
+  assert bert.points(4608, 650000) == [200000, 400000, 600000]
+  ssd = rules.load("ssd", "0.7.0").evaluation
+  assert ssd.points(256, 90) == [40, 50, 55, 60, 65, 70, 75, 80, 85, 90]
+  assert ssd.policy is rules.Policy.AT_LEAST
+  assert rules.load("resnet", "4.0.0").evaluation.policy is rules.Policy.EXACTLY
