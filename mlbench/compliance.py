@@ -110,6 +110,22 @@ def _retarget(records: list, rule: rules_lib.Rule, base: rules_lib.Rule) -> int:
   return count
 
 
+def checker_args(path: Path, benchmark: str | None, ruleset: str,
+                 usage: str = "training") -> tuple[str, str, str, str | None]:
+  """(log, usage, ruleset, config) for the checker; mini logs get the derived config."""
+  rule = rules_lib.find(benchmark, ruleset)
+  if rule is not None and not rule.official:
+    config = checker_config(rule, _cache_dir())
+    return (str(path), rule.checker_usage, rule.checker_ruleset, str(config))
+  return (str(path), usage, ruleset, None)
+
+
+def _cache_dir() -> Path:
+  from mlbench.config import default_cache_dir
+
+  return default_cache_dir()
+
+
 @dataclasses.dataclass(frozen=True)
 class CheckResult:
   """The official checker's verdict on one log."""

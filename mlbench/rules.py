@@ -238,6 +238,19 @@ def load(benchmark: str, ruleset: str) -> Rule:
   return _build(doc, path)
 
 
+def find(benchmark: str | None, ruleset: str) -> Rule | None:
+  """The rules of `benchmark` under `ruleset` if mlbench has them, else None."""
+  if not benchmark or not (rules_dir() / _folder(ruleset) / f"{benchmark}.yaml").is_file():
+    return None
+  return load(benchmark, ruleset)
+
+
+def checker_ruleset(benchmark: str | None, ruleset: str) -> str:
+  """The official ruleset the MLPerf tools use for logs of `ruleset` (mini: the one it extends)."""
+  rule = find(benchmark, ruleset)
+  return rule.checker_ruleset if rule is not None else ruleset
+
+
 def _resolve(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
   import yaml  # Deferred: keeps `mlbench --help` fast.
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 import click
 
 from mlbench import __version__
+from mlbench.cli.compare import compare_cmd
 from mlbench.cli.info import describe_cmd, list_cmd
 from mlbench.cli.run import run_cmd
+from mlbench.cli.validate import validate_cmd
 from mlbench.errors import UserError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -32,6 +34,8 @@ def cli() -> None:
 cli.add_command(list_cmd)
 cli.add_command(describe_cmd)
 cli.add_command(run_cmd)
+cli.add_command(validate_cmd)
+cli.add_command(compare_cmd)
 
 
 def _fail(message: str, code: int = 2) -> int:

@@ -1,0 +1,99 @@
+"""`mlbench validate`: check result logs and submission packages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from mlbench.cli import output
+
+
+@click.command("validate")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--ruleset", metavar="VERSION", envvar="MLBENCH_RULESET",
+              help="Rules to check against (e.g. 4.0.0, 0.7.0, mini). [default: named in mlbench "
+                   "logs, else the round the runs' dates fall in]")
+@click.option("--usage", default="training", show_default=True, type=click.Choice(["training"]),
+              help="MLPerf usage the logs belong to.")
+@click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON on stdout.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=120.0,
+              show_default=True, help="Seconds an official tool may take on one input.")
+@click.option("--tolerance-ms", type=click.FloatRange(min=0), default=1000.0, show_default=True,
+              help="Steps back in time up to this many ms are warnings (clock skew), not failures.")
+def validate_cmd(path: Path, ruleset: str | None, usage: str, as_json: bool, timeout_s: float,
+                 tolerance_ms: float) -> int:
+  """Check PATH: a result log, a results/<system>/<benchmark> folder, or a package.
+
+  Runs the official compliance checker on every log, the package checks (result
+  count, seeds, RCP, system description), and checks the official tools lack
+  (time order, run order, evaluation schedule, submission_* against
+  systems/*.json, seed). Exit 0 when everything passes (under olympic scoring
+  for packages), 1 when a rule fails, 2 for input that is not a log or package.
+  """
+  from mlbench import validate
+
+  report = validate.validate(path, ruleset=ruleset, usage=usage, timeout_s=timeout_s,
+                             tolerance_ms=tolerance_ms)
+  console = output.console()
+  _print(report, console)
+  if as_json:
+    click.echo(json.dumps(report.to_json(), indent=2))
+  return report.exit_code
+
+
+def _rel(path: Path, root: Path) -> str:
+  try:
+    return str(path.relative_to(root)) or path.name
+  except ValueError:
+    return str(path)
+
+
+def _files_table(report, files, console) -> None:
+  from rich.table import Table
+
+  root = report.target.path if report.target.path.is_dir() else report.target.path.parent
+  table = Table(title="result logs", title_justify="left")
+  for col in ("file", "benchmark", "ruleset", "checker", "mlbench", "problem", "line"):
+    table.add_column(col, overflow="fold")
+  for f in files:
+    first = f.first_problem()
+    mine = [x for x in f.findings if x.severity.value == "FAIL"]
+    warns = [x for x in f.findings if x.severity.value == "WARN"]
+    own = "FAIL" if mine else ("PASS" + (f" ({len(warns)} warn)" if warns else ""))
+    table.add_row(_rel(f.path, root), str(f.benchmark), f.ruleset, _mark(f.checker), _mark(own),
+                  f"{first.check}: {first.message}" if first else "",
+                  str(first.lineno) if first and first.lineno else "")
+  console.print(table)
+
+
+def _mark(text: str) -> str:
+  color = "green" if text.startswith("PASS") else "red"
+  return f"[{color}]{text}[/]"
+
+
+def _print(report, console) -> None:
+  from rich.table import Table
+
+  if report.files:
+    _files_table(report, report.files, console)
+    for finding in report.files[0].checker_findings + report.files[0].findings:
+      if finding.severity.value != "INFO" or finding.check == "eval schedule":
+        console.print(f"  {finding.severity.value} {finding.check}: {finding.message}"
+                      + (f" (line {finding.lineno})" if finding.lineno else ""), highlight=False)
+  if report.benchmarks:
+    _files_table(report, [f for b in report.benchmarks for f in b.files], console)
+    table = Table(title="benchmarks (olympic scoring)", title_justify="left")
+    for col in ("system", "benchmark", "ruleset", "runs", "failing", "package checks", "verdict"):
+      table.add_column(col, overflow="fold")
+    for b in report.benchmarks:
+      notes = "; ".join(f"{x.check}: {x.message}" for x in b.findings) or "-"
+      table.add_row(b.bench.system, b.bench.benchmark, b.ruleset, str(len(b.files)),
+                    str(sum(f.failed for f in b.files)), notes, _mark("PASS" if b.passed else "FAIL"))
+    console.print(table)
+  for path, findings in report.systems:
+    verdict = "FAIL" if any(f.severity.value == "FAIL" for f in findings) else "PASS"
+    console.print(f"system {path.name}: {_mark(verdict)}"
+                  + "".join(f"; {f.message}" for f in findings), highlight=False)
+  console.print(f"exit code {report.exit_code}", highlight=False)

@@ -1,0 +1,237 @@
+"""`mlbench compare`: MLPerf scores of submissions, side by side.
+
+A run's time to train is run_stop - run_start. A run converged if the official
+compliance checker passes its log (as result_summarizer decides). The score is
+the olympic mean in minutes: drop the fastest and the slowest run; a
+non-converged run counts as the slowest; more than one (four for unet3d) makes
+the result invalid. It is multiplied by scaling.json's factor where the folder
+has one (the review committee's normalisation), exactly as result_summarizer
+does, so the scores agree with it. The RCP check (closed division, rulesets
+>= 1.0.0) runs on a copy and reports its own factor alongside.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mlbench import compliance, official, rules as rules_lib
+from mlbench.errors import UserError
+from mlbench.resultlog import ResultLog, detect_ruleset
+from mlbench.submission import BenchmarkDir, find, groups, read_system
+from mlbench.validate import MAX_DROPPED
+
+NOT_CONVERGED = 1e9  # how the RCP tools count a run that did not converge
+
+SYSTEM_COLUMNS = ("division", "availability", "submitter", "system", "number_of_nodes",
+                  "host_processor_model_name", "host_processors_count", "accelerator_model_name",
+                  "accelerators_count", "framework", "notes")
+BENCHMARK_COLUMNS = ("time_to_train", "Energy", "GBS", "samples_to_converge", "RCP",
+                     "rcp_scaling_factor")
+EXTRA_COLUMNS = ("speedup", "runs", "converged_runs", "run_minutes", "rcp_factor")
+
+
+@dataclasses.dataclass
+class Run:
+  path: Path
+  minutes: float | None
+  converged: bool
+  epochs: float | None           # epochs (or samples) to converge, as the RCP tools read them
+  evals: list[tuple[float, float]]  # (minutes since run_start, quality value)
+
+
+@dataclasses.dataclass
+class Entry:
+  """One benchmark of one system of one submission."""
+
+  source: Path
+  bench: BenchmarkDir
+  ruleset: str
+  desc: dict[str, Any]
+  runs: list[Run]
+  scaling: float
+  gbs: float | None
+  rcp: str | None
+  rcp_factor: float | None
+  target: float | None
+  speedup: float | None = None
+
+  @property
+  def dropped(self) -> int:
+    return sum(not r.converged or r.minutes is None for r in self.runs)
+
+  @property
+  def score(self) -> float | None:
+    times = [r.minutes for r in self.runs if r.converged and r.minutes is not None]
+    avg = olympic(times, self.dropped, MAX_DROPPED.get(self.bench.benchmark, 1))
+    return None if avg is None else avg * self.scaling
+
+  @property
+  def samples_to_converge(self) -> float | None:
+    epochs = sorted(r.epochs if r.epochs is not None else NOT_CONVERGED for r in self.runs)
+    if self.dropped > MAX_DROPPED.get(self.bench.benchmark, 1) or len(epochs) < 3:
+      return None
+    middle = epochs[1:-1]
+    return sum(middle) / len(middle)
+
+
+def olympic(times: list[float], dropped: int, max_dropped: int = 1) -> float | None:
+  """Mean after dropping the `max_dropped` fastest and slowest runs.
+
+  Runs that did not converge (`dropped` of them) are the slowest and already
+  gone; None when more than `max_dropped` were dropped or nothing is left.
+  """
+  if dropped > max_dropped:
+    return None
+  ordered = sorted(times)
+  kept = ordered[max_dropped:len(ordered) - (max_dropped - dropped)]
+  return sum(kept) / len(kept) if kept else None
+
+
+def quality_target(benchmark: str, ruleset: str) -> float | None:
+  """The target from our rules, else from the official checker's closed rules."""
+  rule = rules_lib.find(benchmark, ruleset)
+  if rule is not None:
+    return rule.quality.target
+  path = compliance.checker_package_dir() / f"training_{ruleset}" / f"closed_{benchmark}.yaml"
+  if not path.is_file():
+    return None
+  m = re.search(r"ATLEAST_ONE_CHECK:.*?[<>]=\s*([0-9.]+)", path.read_text())
+  return float(m.group(1)) if m else None
+
+
+def _runs(files: list[tuple[Path, ResultLog]], outcomes: list[official.Outcome],
+          epochs: dict[str, Any]) -> list[Run]:
+  out = []
+  for (path, log), outcome in zip(files, outcomes):
+    start, stop = log.first("run_start"), log.first("run_stop")
+    minutes = (stop.time_ms - start.time_ms) / 60000 if start and stop else None
+    converged = outcome.error is None and bool(outcome.value and outcome.value["valid"])
+    key = log.first("run_start")
+    evals = [((ln.time_ms - key.time_ms) / 60000, float(ln.value)) for ln in log.all("eval_accuracy")
+             if key is not None and isinstance(ln.value, (int, float))]
+    info = epochs.get(str(path), {})
+    out.append(Run(path, minutes, converged, info.get("epochs"), evals))
+  return out
+
+
+def _rcp(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str,
+         tools: official.Isolated) -> tuple[str | None, float | None]:
+  rule = rules_lib.find(bench.benchmark, ruleset)
+  if (division != "closed" or ruleset not in official.RULESETS_WITH_PACKAGE_CHECKS
+      or (rule is not None and not rule.official)):
+    return None, None
+  result = tools.call(official._tool_rcp, str(bench.folder), usage, ruleset, False)
+  if result.error:
+    return f"Error: {result.error}", None
+  r = result.value
+  if r["passed"]:
+    return "Pass", r["factor"]
+  verdicts = {"RCP found": "Fail", "RCP Interpolation": "Interp. Fail",
+              "Cannot find any RCPs": "No RCP"}
+  return verdicts.get(r["message"], "Missing" if "Missing" in r["message"] else r["message"]), \
+      r["factor"]
+
+
+def _scaling(folder: Path) -> float:
+  f = folder / "scaling.json"
+  try:
+    return float(json.loads(f.read_text())["scaling_factor"]) if f.is_file() else 1.0
+  except (OSError, ValueError, KeyError, TypeError):
+    return 1.0
+
+
+def _entry(source: Path, bench: BenchmarkDir, files: list[tuple[Path, ResultLog]], ruleset: str,
+           usage: str, tools: official.Isolated) -> Entry:
+  desc, _ = read_system(bench.system_file)
+  desc = desc or {}
+  outcomes = tools.map(official._tool_compliance,
+                       [compliance.checker_args(p, log.benchmark, ruleset, usage) for p, log in files])
+  tool_rs = rules_lib.checker_ruleset(bench.benchmark, ruleset)
+  epochs = tools.call(official._tool_epochs, [str(p) for p, _ in files], tool_rs)
+  per_file = epochs.value or {}
+  gbs = next((v["gbs"] for v in per_file.values() if v.get("gbs", -1) != -1), None)
+  division = desc.get("division") or next((log.division for _, log in files if log.division), None)
+  rcp, factor = _rcp(bench, ruleset, division, usage, tools)
+  return Entry(source, bench, ruleset, desc, _runs(files, outcomes, per_file),
+               _scaling(bench.folder), gbs, rcp, factor,
+               quality_target(bench.benchmark, ruleset))
+
+
+def compare(paths: Sequence[Path], *, ruleset: str | None = None, usage: str = "training",
+            timeout_s: float = 120.0) -> list[Entry]:
+  """Scores every benchmark of every system under each path, in argument order."""
+  entries = []
+  with official.Isolated(2, timeout_s) as tools:
+    for source in paths:
+      target = find(Path(source))
+      if target.kind == "log":
+        raise UserError(f"{source} is a single log; compare needs result folders "
+                                   "or packages (a score takes all the runs)")
+      for _, dirs in groups(target).items():
+        logs = {b.folder: [(f, ResultLog.read(f)) for f in b.files] for b in dirs}
+        every = [log for pairs in logs.values() for _, log in pairs]
+        if not every:
+          continue
+        rs = ruleset or detect_ruleset(every)[0]
+        entries += [_entry(Path(source), b, logs[b.folder], rs, usage, tools)
+                    for b in dirs if logs[b.folder]]
+  _speedups(entries)
+  return entries
+
+
+def _speedups(entries: list[Entry]) -> None:
+  """Each entry against the first scored entry of its benchmark (the baseline).
+
+  Only entries that train to the same quality target compare: across rounds a
+  benchmark key can change its bar (BERT 0.712 -> 0.720) or even its model
+  (`ssd` was SSD-ResNet34 in 0.7.0 and RetinaNet in 4.0.0).
+  """
+  base: dict[tuple[str, float | None], float] = {}
+  for e in entries:
+    if e.score is not None:
+      base.setdefault((e.bench.benchmark, e.target), e.score)
+  for e in entries:
+    b = base.get((e.bench.benchmark, e.target))
+    e.speedup = b / e.score if b is not None and e.score else None
+
+
+def _system_columns(desc: dict[str, Any], system: str) -> dict[str, Any]:
+  def num(key: str) -> int | None:
+    try:
+      return int(desc[key]) * int(desc["number_of_nodes"])
+    except (KeyError, ValueError, TypeError):
+      return None
+
+  notes = ";".join(s for s in (desc.get("hw_notes", ""), desc.get("sw_notes", "")) if s)
+  return {"division": desc.get("division"), "availability": desc.get("status"),
+          "submitter": desc.get("submitter"), "system": desc.get("system_name") or system,
+          "number_of_nodes": desc.get("number_of_nodes"),
+          "host_processor_model_name": desc.get("host_processor_model_name"),
+          "host_processors_count": num("host_processors_per_node"),
+          "accelerator_model_name": desc.get("accelerator_model_name"),
+          "accelerators_count": num("accelerators_per_node"), "framework": desc.get("framework"),
+          "notes": notes}
+
+
+def rows(entries: list[Entry]) -> list[dict[str, Any]]:
+  """One row per submission and system, in result_summarizer's detailed columns
+  (`<benchmark>:time_to_train`, ...), then mlbench's (`<benchmark>:speedup`, ...)."""
+  benchmarks = sorted({e.bench.benchmark for e in entries})
+  out: dict[tuple[str, str], dict[str, Any]] = {}
+  for e in entries:
+    row = out.setdefault((str(e.source), e.bench.system), {
+        "source": str(e.source), "ruleset": e.ruleset, **_system_columns(e.desc, e.bench.system),
+        **{f"{b}:{c}": None for b in benchmarks for c in BENCHMARK_COLUMNS + EXTRA_COLUMNS}})
+    b = e.bench.benchmark
+    row.update({f"{b}:time_to_train": e.score, f"{b}:GBS": e.gbs,
+                f"{b}:samples_to_converge": e.samples_to_converge, f"{b}:RCP": e.rcp,
+                f"{b}:rcp_scaling_factor": e.scaling, f"{b}:rcp_factor": e.rcp_factor,
+                f"{b}:speedup": e.speedup, f"{b}:runs": len(e.runs),
+                f"{b}:converged_runs": len(e.runs) - e.dropped,
+                f"{b}:run_minutes": [r.minutes for r in e.runs]})
+  return list(out.values())

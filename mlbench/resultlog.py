@@ -1,0 +1,154 @@
+"""Reading MLPerf result logs: lines with their real line numbers, and what they say.
+
+The official parser numbers lines among `:::MLLOG` lines only and raises on
+some malformed lines; validate reports file line numbers and must survive any
+input, so it reads logs with this tolerant reader. The official checkers still
+judge every log themselves (`mlbench.official`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from mlbench import rules as rules_lib
+from mlbench.errors import UserError
+
+TOKEN = ":::MLLOG "
+OLD_TOKEN = ":::MLL "  # v0.6 format
+
+
+@dataclasses.dataclass(frozen=True)
+class Line:
+  """One `:::MLLOG` event."""
+
+  lineno: int  # 1-based line number in the file
+  time_ms: float
+  key: str
+  value: Any
+  metadata: dict[str, Any]
+  text: str
+
+
+@dataclasses.dataclass
+class ResultLog:
+  """A parsed result log."""
+
+  path: Path
+  lines: list[Line]
+  errors: list[tuple[int, str, str]]  # (lineno, text, problem)
+  old_format: bool = False
+
+  @classmethod
+  def read(cls, path: Path) -> ResultLog:
+    lines, errors, old = [], [], False
+    with open(path, encoding="latin-1") as f:
+      for n, raw in enumerate(f, start=1):
+        if OLD_TOKEN in raw and TOKEN not in raw:
+          old = True
+        if TOKEN not in raw:
+          continue
+        text = raw[raw.index(TOKEN):].strip()
+        try:
+          d = json.loads(text[len(TOKEN):])
+          lines.append(Line(n, float(d["time_ms"]), str(d["key"]), d.get("value"),
+                            dict(d.get("metadata") or {}), text))
+        except (ValueError, KeyError, TypeError) as e:
+          errors.append((n, text, f"not a valid :::MLLOG line ({type(e).__name__}: {e})"))
+    return cls(Path(path), lines, errors, old)
+
+  def all(self, key: str) -> list[Line]:
+    return [ln for ln in self.lines if ln.key == key]
+
+  def first(self, key: str) -> Line | None:
+    return next((ln for ln in self.lines if ln.key == key), None)
+
+  def value(self, key: str, default: Any = None) -> Any:
+    line = self.first(key)
+    return default if line is None else line.value
+
+  @property
+  def benchmark(self) -> str | None:
+    return self.value("submission_benchmark")
+
+  @property
+  def division(self) -> str | None:
+    return self.value("submission_division")
+
+  @property
+  def success(self) -> bool:
+    stop = self.first("run_stop")
+    return stop is not None and stop.metadata.get("status") == "success"
+
+  @property
+  def date(self) -> datetime.date | None:
+    """The day of the first real timestamp (some published lines carry time_ms 0)."""
+    stamps = [ln.time_ms for ln in self.lines if ln.time_ms > 1e11]  # ms after 1973
+    if not stamps:
+      return None
+    return datetime.datetime.fromtimestamp(min(stamps) / 1000, datetime.timezone.utc).date()
+
+
+def is_log(path: Path) -> bool:
+  """Whether a file holds at least one MLPerf log line."""
+  try:
+    with open(path, encoding="latin-1") as f:
+      return any(TOKEN in line or OLD_TOKEN in line for line in f)
+  except (OSError, UnicodeError):
+    return False
+
+
+@functools.cache
+def _rounds() -> list[tuple[str, datetime.date]]:
+  import yaml
+
+  with open(rules_lib.rules_dir() / "rounds.yaml") as f:
+    doc = yaml.safe_load(f)
+  return sorted(((str(r["ruleset"]), r["published"]) for r in doc["rounds"]), key=lambda x: x[1])
+
+
+def detect_ruleset(logs: list[ResultLog]) -> tuple[str, str]:
+  """The ruleset a set of logs (one submission) was written for, and how we know.
+
+  mlbench logs name it (`mlbench_ruleset`); v0.6 logs have their own format.
+  Otherwise the latest run decides: a submission belongs to the first round
+  published on or after its last run in which all its benchmarks exist
+  (rules/rounds.yaml). Earlier runs may be results carried over from a past
+  round, so the latest date is the one that counts.
+
+  Raises:
+    UserError: the dates and benchmarks match no round; pass --ruleset.
+  """
+  named = {str(log.value("mlbench_ruleset")) for log in logs if log.value("mlbench_ruleset")}
+  if len(named) == 1:
+    return named.pop(), "named in the logs (mlbench_ruleset)"
+  if named:
+    raise UserError(f"these logs name different rulesets ({', '.join(sorted(named))}); "
+                    "validate them separately or pass --ruleset")
+  if logs and all(log.old_format for log in logs):
+    return "0.6.0", "v0.6 log format"
+  from mlperf_logging.benchmark_meta import get_allowed_benchmarks
+
+  days = [d for d in (log.date for log in logs) if d is not None]
+  benchmarks = {log.benchmark for log in logs}
+  if days:
+    day = max(days)
+    for ruleset, published in _rounds():
+      try:
+        allowed = set(get_allowed_benchmarks("training", ruleset))
+      except ValueError:
+        continue
+      if published >= day and benchmarks <= allowed:
+        return ruleset, f"last run on {day}, before the {ruleset} results of {published}"
+  where = logs[0].path if len(logs) == 1 else f"{len(logs)} logs"
+  raise UserError(f"cannot tell which ruleset {where} follow(s) (benchmarks "
+                  f"{', '.join(sorted(map(str, benchmarks)))}); pass --ruleset")
+
+
+def ruleset_sort_key(ruleset: str) -> tuple[int, ...]:
+  return tuple(int(p) for p in re.findall(r"\d+", ruleset)) or (1_000_000,)

@@ -1,0 +1,123 @@
+"""Finding result logs in what a user points at: a log, a benchmark folder, a package.
+
+MLPerf layout: `<org>/systems/<system>.json` and
+`<org>/results/<system>/<benchmark>/result_<i>.txt` (an mlbench results folder
+is one). A path may be one log, one `<benchmark>` folder, a `results` folder,
+an `<org>` package, or a folder of packages (a round's results repository).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from mlbench.errors import UserError
+from mlbench.resultlog import is_log
+
+_RESULT = re.compile(r"result_\d+\.txt")
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkDir:
+  """`results/<system>/<benchmark>`: the runs of one benchmark on one system."""
+
+  folder: Path
+  system: str
+  benchmark: str
+  files: tuple[Path, ...]
+  package: Path | None  # the <org> folder holding systems/, if there is one
+
+  @property
+  def system_file(self) -> Path | None:
+    return None if self.package is None else self.package / "systems" / f"{self.system}.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """What validate or compare was pointed at."""
+
+  path: Path
+  kind: str  # log | benchmark | results | package | packages
+  log: Path | None = None
+  benchmarks: tuple[BenchmarkDir, ...] = ()
+  packages: tuple[Path, ...] = ()
+
+
+def result_files(folder: Path) -> tuple[Path, ...]:
+  found = [p for p in folder.iterdir() if p.is_file() and _RESULT.fullmatch(p.name)]
+  return tuple(sorted(found, key=lambda p: int(p.stem.split("_")[1])))
+
+
+def _benchmark_dir(folder: Path, package: Path | None) -> BenchmarkDir:
+  return BenchmarkDir(folder, folder.parent.name, folder.name, result_files(folder), package)
+
+
+def _package_of_results(results: Path) -> Path | None:
+  parent = results.parent
+  return parent if results.name == "results" and (parent / "systems").is_dir() else None
+
+
+def _in_results(results: Path) -> tuple[BenchmarkDir, ...]:
+  package = _package_of_results(results)
+  return tuple(_benchmark_dir(b, package) for s in sorted(results.iterdir()) if s.is_dir()
+               for b in sorted(s.iterdir()) if b.is_dir())
+
+
+def _is_results_folder(folder: Path) -> bool:
+  return any(result_files(b) for s in folder.iterdir() if s.is_dir()
+             for b in s.iterdir() if b.is_dir())
+
+
+def find(path: Path) -> Target:
+  """Classifies `path` and lists its benchmark folders.
+
+  Raises:
+    UserError: nothing there is an MLPerf log or submission.
+  """
+  path = Path(path)
+  if not path.exists():
+    raise UserError(f"{path} does not exist")
+  if path.is_file():
+    if not is_log(path):
+      raise UserError(f"{path} is not an MLPerf result log (it has no :::MLLOG lines)")
+    return Target(path, "log", log=path)
+  if result_files(path):
+    package = _package_of_results(path.parent.parent)
+    return Target(path, "benchmark", benchmarks=(_benchmark_dir(path, package),))
+  if (path / "results").is_dir():
+    return Target(path, "package", benchmarks=_in_results(path / "results"), packages=(path,))
+  packages = tuple(p for p in sorted(path.iterdir()) if p.is_dir() and (p / "results").is_dir())
+  if packages:
+    return Target(path, "packages", benchmarks=tuple(b for p in packages
+                                                       for b in _in_results(p / "results")),
+                  packages=packages)
+  if _is_results_folder(path):
+    package = _package_of_results(path)
+    return Target(path, "results", benchmarks=_in_results(path),
+                  packages=(package,) if package else ())
+  raise UserError(f"{path} holds no MLPerf result logs; give a log, a "
+                  "results/<system>/<benchmark> folder or a submission package "
+                  "(a folder with results/ and systems/)")
+
+
+def groups(target: Target) -> dict[Path, list[BenchmarkDir]]:
+  """Benchmark folders by the package (or folder) whose runs decide their ruleset."""
+  out: dict[Path, list[BenchmarkDir]] = {}
+  for bench in target.benchmarks:
+    out.setdefault(bench.package or bench.folder, []).append(bench)
+  return out
+
+
+def read_system(path: Path | None) -> tuple[dict[str, Any] | None, str | None]:
+  """A system description, or None and why not (None, None without a path)."""
+  if path is None:
+    return None, None
+  if not path.is_file():
+    return None, f"{path} is missing"
+  try:
+    return json.loads(path.read_text()), None
+  except (OSError, json.JSONDecodeError) as e:
+    return None, f"{path} is not valid JSON: {e}"

@@ -1,0 +1,315 @@
+"""`mlbench validate`: the official checks, the missing ones, and clear verdicts.
+
+For every log: the official compliance checker under the log's ruleset (in an
+isolated worker), then mlbench's own checks (`mlbench.checks`). For every
+benchmark folder of a package: the package checks the official
+package_checker makes (number of result files, unique seeds, reference
+convergence points), then a verdict under olympic scoring: at most one failing
+run (four for unet3d). For every system: the official system-description check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+from mlbench import checks, compliance, official, rules as rules_lib
+from mlbench.checks import Finding, Severity
+from mlbench.resultlog import ResultLog, detect_ruleset
+from mlbench.submission import BenchmarkDir, Target, find, groups, read_system
+
+MAX_DROPPED = {"unet3d": 4}
+
+
+@dataclasses.dataclass
+class FileReport:
+  """One log: the official checker's verdict and mlbench's findings."""
+
+  path: Path
+  benchmark: str | None
+  ruleset: str
+  checker: str  # PASS, FAIL or ERROR (the checker crashed or hung)
+  checker_findings: list[Finding]
+  findings: list[Finding]
+
+  @property
+  def failed(self) -> bool:
+    return self.checker != "PASS" or any(f.severity is Severity.FAIL for f in self.findings)
+
+  def first_problem(self) -> Finding | None:
+    fails = [f for f in self.checker_findings + self.findings if f.severity is Severity.FAIL]
+    return fails[0] if fails else None
+
+  def to_json(self) -> dict[str, Any]:
+    return {"path": str(self.path), "benchmark": self.benchmark, "ruleset": self.ruleset,
+            "checker": self.checker, "verdict": "FAIL" if self.failed else "PASS",
+            "checker_findings": [f.to_json() for f in self.checker_findings],
+            "findings": [f.to_json() for f in self.findings]}
+
+
+@dataclasses.dataclass
+class BenchmarkReport:
+  """The runs of one benchmark on one system, judged as MLPerf would score them."""
+
+  bench: BenchmarkDir
+  ruleset: str
+  how: str
+  files: list[FileReport]
+  findings: list[Finding]
+
+  @property
+  def passed(self) -> bool:
+    failing = sum(f.failed for f in self.files)
+    return (failing <= MAX_DROPPED.get(self.bench.benchmark, 1)
+            and not any(f.severity is Severity.FAIL for f in self.findings))
+
+  def to_json(self) -> dict[str, Any]:
+    return {"folder": str(self.bench.folder), "system": self.bench.system,
+            "benchmark": self.bench.benchmark, "ruleset": self.ruleset, "ruleset_from": self.how,
+            "verdict": "PASS" if self.passed else "FAIL",
+            "failing_runs": sum(f.failed for f in self.files),
+            "findings": [f.to_json() for f in self.findings],
+            "files": [f.to_json() for f in self.files]}
+
+
+@dataclasses.dataclass
+class Report:
+  target: Target
+  files: list[FileReport]          # a single log's report
+  benchmarks: list[BenchmarkReport]
+  systems: list[tuple[Path, list[Finding]]]
+
+  @property
+  def exit_code(self) -> int:
+    bad_systems = any(f.severity is Severity.FAIL for _, fs in self.systems for f in fs)
+    if self.target.kind == "log":
+      return int(self.files[0].failed or bad_systems)
+    return int(bad_systems or not all(b.passed for b in self.benchmarks))
+
+  def to_json(self) -> dict[str, Any]:
+    return {"path": str(self.target.path), "kind": self.target.kind,
+            "exit_code": self.exit_code, "files": [f.to_json() for f in self.files],
+            "benchmarks": [b.to_json() for b in self.benchmarks],
+            "systems": [{"path": str(p), "findings": [f.to_json() for f in fs]}
+                        for p, fs in self.systems]}
+
+
+_CHECK_FAILED = re.compile(r"CHECK for '([^']+)' failed in line (\d+):\n(.*)\nfailed test: (.*)")
+_CODE_FAILED = re.compile(r"Failed executing CHECK code:\n(.*)\ntriggered by line:\n(.*)")
+
+
+def _checker_findings(outcome: official.Outcome, log: ResultLog) -> tuple[str, list[Finding]]:
+  """The checker's verdict, and its messages as findings pointing at file lines."""
+  if outcome.error is not None:
+    return "ERROR", [Finding("compliance", Severity.FAIL, f"the official checker failed: "
+                             f"{outcome.error}")]
+  result = outcome.value
+  out = [Finding("compliance", Severity.FAIL, f"parse error: {msg}", _lineno(log, text), text)
+         for text, msg in result["parse_errors"]]
+  for message in result["errors"]:
+    if message == "Log lines had parsing errors.":
+      continue
+    out.append(_one_finding(message, log))
+  if not result["valid"] and not out:
+    out.append(Finding("compliance", Severity.FAIL, "the official checker failed the log"))
+  return ("PASS" if result["valid"] else "FAIL"), out
+
+
+def _one_finding(message: str, log: ResultLog) -> Finding:
+  if m := _CHECK_FAILED.match(message):
+    return Finding("compliance", Severity.FAIL, f"{m.group(1)}: failed test {m.group(4).strip()}",
+                   _lineno(log, m.group(3)), m.group(3))
+  if m := _CODE_FAILED.match(message):
+    return Finding("compliance", Severity.FAIL, f"could not evaluate {m.group(1).strip()}",
+                   _lineno(log, m.group(2)), m.group(2))
+  if message.startswith("Failed checks for "):
+    key = message[len("Failed checks for "):].split(" ", 1)[0]
+    last = log.all(key)[-1] if log.all(key) else None
+    return Finding("compliance", Severity.FAIL, message, last.lineno if last else None,
+                   last.text if last else None)
+  return Finding("compliance", Severity.FAIL, message.splitlines()[0])
+
+
+def _lineno(log: ResultLog, text: str) -> int | None:
+  text = text.strip()
+  for ln in log.lines:
+    if ln.text == text:
+      return ln.lineno
+  return next((n for n, t, _ in log.errors if t == text), None)
+
+
+def _file_findings(log: ResultLog, ruleset: str, division: str | None,
+                   desc: dict[str, Any] | None, system: str | None,
+                   tolerance_ms: float) -> list[Finding]:
+  out = checks.parse_errors(log) + checks.timestamps(log, tolerance_ms) + checks.run_order(log)
+  out += checks.schedule(log, rules_lib.find(log.benchmark, ruleset))
+  required = division == "closed" and ruleset in official.RULESETS_WITH_PACKAGE_CHECKS
+  out += checks.seed(log, required=required)
+  if desc is not None and system is not None:
+    out += checks.submission(log, desc, system)
+  return out
+
+
+def _read_system(path: Path | None) -> tuple[dict[str, Any] | None, list[Finding]]:
+  desc, problem = read_system(path)
+  return desc, [Finding("system", Severity.FAIL, problem)] if problem else []
+
+
+def _params(bench: BenchmarkDir) -> set[str]:
+  """package_checker_params lines at the system and benchmark level."""
+  out = set()
+  for folder in (bench.folder.parent, bench.folder):
+    f = folder / "package_checker_params"
+    if f.is_file():
+      out |= {line.strip() for line in f.read_text().splitlines() if line.strip()}
+  return out
+
+
+def _expected_runs(bench: BenchmarkDir, ruleset: str) -> int | None:
+  rule = rules_lib.find(bench.benchmark, ruleset)
+  if rule is not None:
+    return rule.runs
+  from mlperf_logging.benchmark_meta import get_result_file_counts
+
+  return get_result_file_counts("training").get(bench.benchmark)
+
+
+def _allowed(bench: BenchmarkDir, ruleset: str, usage: str) -> list[Finding]:
+  if ruleset == rules_lib.MINI:
+    known = rules_lib.rulesets(bench.benchmark)
+    ok = rules_lib.MINI in known
+    allowed = "the benchmarks in rules/mini"
+  else:
+    from mlperf_logging.benchmark_meta import get_allowed_benchmarks
+
+    try:
+      names = get_allowed_benchmarks(usage, ruleset)
+    except ValueError as e:
+      return [Finding("benchmark", Severity.FAIL, str(e))]
+    ok, allowed = bench.benchmark in names, ", ".join(sorted(set(names)))
+  return [] if ok else [Finding("benchmark", Severity.FAIL, f"'{bench.benchmark}' is not a "
+                                f"{ruleset} benchmark (known: {allowed})")]
+
+
+def _package_findings(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str,
+                      tools: official.Isolated) -> list[Finding]:
+  out = _allowed(bench, ruleset, usage)
+  expected = _expected_runs(bench, ruleset)
+  if expected is not None and len(bench.files) != expected:
+    out.append(Finding("runs", Severity.FAIL, f"{len(bench.files)} result_*.txt files, the "
+                       f"rules want exactly {expected}"))
+  tool_rs = rules_lib.checker_ruleset(bench.benchmark, ruleset)
+  if division != "closed" or tool_rs not in official.RULESETS_WITH_PACKAGE_CHECKS or out:
+    return out
+  params, files = _params(bench), [str(f) for f in bench.files]
+  if "seed-checker-bypass" not in params:
+    seeds = tools.call(official._tool_seeds, files, tool_rs)
+    if seeds.error or not seeds.value:
+      why = seeds.error or "; ".join(m.split(" - ", 1)[-1] for m in seeds.messages
+                                     if m.startswith("ERROR"))
+      out.append(Finding("seeds", Severity.FAIL, f"seed checker failed: {why}"))
+  if ruleset == rules_lib.MINI:
+    out.append(Finding("rcp", Severity.INFO, "not checked: the mini rules have no reference "
+                       "convergence points"))
+  elif bench.benchmark != "minigo":
+    out += _rcp(bench, usage, tool_rs, "rcp-bypass" in params, tools)
+  return out
+
+
+def _rcp(bench: BenchmarkDir, usage: str, ruleset: str, bypass: bool,
+         tools: official.Isolated) -> list[Finding]:
+  result = tools.call(official._tool_rcp, str(bench.folder), usage, ruleset, bypass)
+  if result.error:
+    return [Finding("rcp", Severity.FAIL, f"RCP checker failed: {result.error}")]
+  r = result.value
+  severity = Severity.INFO if r["passed"] else Severity.FAIL
+  return [Finding("rcp", severity, f"{r['message']} (score scaling {r['factor']:.6g})")]
+
+
+def _validate_files(files: list[tuple[Path, ResultLog]], ruleset: str, usage: str,
+                    division: str | None, desc: dict[str, Any] | None, system: str | None,
+                    tools: official.Isolated, tolerance_ms: float) -> list[FileReport]:
+  calls = [compliance.checker_args(p, log.benchmark, ruleset, usage) for p, log in files]
+  outcomes = tools.map(official._tool_compliance, calls)
+  out = []
+  for (path, log), outcome in zip(files, outcomes):
+    verdict, official_findings = _checker_findings(outcome, log)
+    div = division or log.division
+    out.append(FileReport(path, log.benchmark, ruleset, verdict, official_findings,
+                          _file_findings(log, ruleset, div, desc, system, tolerance_ms)))
+  return out
+
+
+def _validate_systems(package: Path, ruleset: str, usage: str, systems_used: set[str],
+                      tools: official.Isolated, *,
+                      only_used: bool = False) -> list[tuple[Path, list[Finding]]]:
+  out = []
+  folder = package / "systems"
+  names = systems_used if only_used else {p.stem for p in folder.glob("*.json")} | systems_used
+  for name in sorted(names):
+    path = folder / f"{name}.json"
+    desc, findings = _read_system(path)
+    if desc is not None and ruleset in official.RULESETS_WITH_PACKAGE_CHECKS:
+      result = tools.call(official._tool_system, str(path), usage, ruleset)
+      if result.error or not result.value:
+        why = result.error or "; ".join(m.split(" - ", 1)[-1] for m in result.messages
+                                        if m.startswith("ERROR"))
+        findings.append(Finding("system", Severity.FAIL, f"system description checker: {why}"))
+    out.append((path, findings))
+  return out
+
+
+def validate(path: Path, *, ruleset: str | None = None, usage: str = "training",
+             timeout_s: float = 120.0, tolerance_ms: float = 1000.0,
+             processes: int = 2) -> Report:
+  """Validates a log, a benchmark folder, a package or a folder of packages."""
+  target = find(Path(path))
+  with official.Isolated(processes, timeout_s) as tools:
+    if target.kind == "log":
+      return _validate_one_log(target, ruleset, usage, tools, tolerance_ms)
+    benchmarks, systems = [], []
+    for root, dirs in groups(target).items():
+      logs = {b.folder: [(f, ResultLog.read(f)) for f in b.files] for b in dirs}
+      every = [log for pairs in logs.values() for _, log in pairs]
+      if not every and not ruleset:  # Nothing to read a ruleset from; the count check fails.
+        benchmarks += [BenchmarkReport(b, "-", "no logs", [], [Finding(
+            "runs", Severity.FAIL, "no result_*.txt files")]) for b in dirs]
+        continue
+      rs, how = (ruleset, "--ruleset") if ruleset else detect_ruleset(every)
+      for bench in dirs:
+        desc, sys_findings = _read_system(bench.system_file)
+        division = (desc or {}).get("division")
+        files = _validate_files(logs[bench.folder], rs, usage, division, desc, bench.system,
+                                tools, tolerance_ms)
+        findings = _package_findings(bench, rs, division or _division(logs[bench.folder]),
+                                     usage, tools)
+        benchmarks.append(BenchmarkReport(bench, rs, how, files, findings))
+      if dirs[0].package is not None:
+        used = {b.system for b in dirs}
+        systems += _validate_systems(dirs[0].package, rules_lib.checker_ruleset(dirs[0].benchmark, rs),
+                                     usage, used, tools, only_used=target.kind == "benchmark")
+  return Report(target, [], benchmarks, systems)
+
+
+def _validate_one_log(target: Target, ruleset: str | None, usage: str, tools: official.Isolated,
+                      tolerance_ms: float) -> Report:
+  """A single log; if it sits in a package, its system description is used too."""
+  log = ResultLog.read(target.log)
+  results = target.log.parent.parent.parent
+  package = results.parent if results.name == "results" else None
+  # In a package, the package's latest run tells the round (earlier runs may be
+  # results carried over from a past round).
+  siblings = ([ResultLog.read(f) for f in (results).glob("*/*/result_*.txt")]
+              if package else [log])
+  rs = ruleset or detect_ruleset(siblings)[0]
+  system = target.log.parent.parent.name if package else None
+  desc, _ = _read_system(package / "systems" / f"{system}.json" if package else None)
+  files = _validate_files([(target.log, log)], rs, usage, (desc or {}).get("division"), desc,
+                          system if desc else None, tools, tolerance_ms)
+  return Report(target, files, [], [])
+
+
+def _division(pairs: list[tuple[Path, ResultLog]]) -> str | None:
+  return next((log.division for _, log in pairs if log.division), None)
