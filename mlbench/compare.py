@@ -29,7 +29,7 @@ NOT_CONVERGED = 1e9  # how the RCP tools count a run that did not converge
 
 SYSTEM_COLUMNS = ("division", "availability", "submitter", "system", "number_of_nodes",
                   "host_processor_model_name", "host_processors_count", "accelerator_model_name",
-                  "accelerators_count", "framework", "notes")
+                  "accelerators_count", "framework", "notes", "private_id")
 BENCHMARK_COLUMNS = ("time_to_train", "Energy", "GBS", "samples_to_converge", "RCP",
                      "rcp_scaling_factor")
 EXTRA_COLUMNS = ("speedup", "runs", "converged_runs", "run_minutes", "rcp_factor")
@@ -215,7 +215,7 @@ def _system_columns(desc: dict[str, Any], system: str) -> dict[str, Any]:
           "host_processors_count": num("host_processors_per_node"),
           "accelerator_model_name": desc.get("accelerator_model_name"),
           "accelerators_count": num("accelerators_per_node"), "framework": desc.get("framework"),
-          "notes": notes}
+          "notes": notes, "private_id": ""}
 
 
 def rows(entries: list[Entry]) -> list[dict[str, Any]]:

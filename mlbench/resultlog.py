@@ -56,8 +56,8 @@ class ResultLog:
         text = raw[raw.index(TOKEN):].strip()
         try:
           d = json.loads(text[len(TOKEN):])
-          lines.append(Line(n, float(d["time_ms"]), str(d["key"]), d.get("value"),
-                            dict(d.get("metadata") or {}), text))
+          lines.append(Line(n, float(d["time_ms"]), str(d["key"]), d["value"],
+                            dict(d["metadata"] or {}), text))
         except (ValueError, KeyError, TypeError) as e:
           errors.append((n, text, f"not a valid :::MLLOG line ({type(e).__name__}: {e})"))
     return cls(Path(path), lines, errors, old)

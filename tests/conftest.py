@@ -59,3 +59,41 @@ def _run_mlbench(*args: str, cwd: Path | None = None, env: dict | None = None,
 def mlbench():
   """Runs the real `mlbench` command line in a fresh process: mlbench(*args, cwd=, env=)."""
   return _run_mlbench
+
+
+@pytest.fixture
+def write_log():
+  """write_log(path, accuracies, *, seed=7, drop=(), status_success=True): a complete
+  closed-division ResNet mini log written through MLLog, as `mlbench run` writes one."""
+  from mlbench.mllog import MLLog
+  from mlbench.plan import harness_hparams
+  from mlbench.workload import StepContext
+  from workloads.resnet50 import WORKLOAD, config
+
+  def write(path, accuracies, *, seed=7, drop=(), status_success=True, ruleset="mini"):
+    cfg = config.mini()
+    sched = WORKLOAD.schedule(cfg)
+    hparams = {**harness_hparams(sched),
+               **WORKLOAD.hparams(cfg, sched, StepContext(mesh=None, bn_groups=1))}
+    log = MLLog(path)
+    log.cache_clear(False)
+    log.init_start()
+    log.submission(benchmark="resnet", org="mlbench", division="closed", status="research",
+                   platform="cpu-test")
+    log.seed(seed)
+    log.hyperparameters({k: v for k, v in hparams.items() if k not in drop})
+    log.event("mlbench_ruleset", ruleset)
+    log.init_stop()
+    log.run_start()
+    for i, acc in enumerate(accuracies):
+      epoch = 4 * (i + 1)
+      log.block_start(epoch - 3, 4, 0)
+      log.eval_start(epoch, 0)
+      log.eval_result("eval_accuracy", acc, epoch, 0)
+      log.eval_stop(epoch, 0)
+      log.block_stop(epoch - 3, 0)
+    log.run_stop(status_success)
+    log.close()
+    return path
+
+  return write

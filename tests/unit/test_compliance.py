@@ -7,42 +7,9 @@ import json
 import yaml
 
 from mlbench import compliance, rules
-from mlbench.mllog import MLLog
-from mlbench.workload import StepContext
-from workloads.resnet50 import WORKLOAD, config, train
 
 
-def write_log(path, accuracies, *, status_success=True, drop=()):
-  """A complete closed-division ResNet mini log with these eval accuracies."""
-  cfg = config.mini()
-  sched = train.schedule(cfg)
-
-  hparams = {"global_batch_size": 128, "train_samples": 1257, "eval_samples": 540,
-             "gradient_accumulation_steps": 1,
-             **WORKLOAD.hparams(cfg, sched, StepContext(mesh=None, bn_groups=1))}
-  hparams = {k: v for k, v in hparams.items() if k not in drop}
-  log = MLLog(path)
-  log.cache_clear(False)
-  log.init_start()
-  log.submission(benchmark="resnet", org="mlbench", division="closed", status="research",
-                 platform="cpu-2core")
-  log.seed(7)
-  log.hyperparameters(hparams)
-  log.init_stop()
-  log.run_start()
-  for i, acc in enumerate(accuracies):
-    epoch = 4 * (i + 1)
-    log.block_start(epoch - 3, 4, 0)
-    log.eval_start(epoch, 0)
-    log.eval_result("eval_accuracy", acc, epoch, 0)
-    log.eval_stop(epoch, 0)
-    log.block_stop(epoch - 3, 0)
-  log.run_stop(status_success)
-  log.close()
-  return path
-
-
-def test_the_mini_threshold_is_the_only_difference(tmp_path):
+def test_the_mini_threshold_is_the_only_difference(tmp_path, write_log):
   mini, official = rules.load("resnet", "mini"), rules.load("resnet", "4.0.0")
   log = write_log(tmp_path / "a.txt", [0.5, 0.9])  # above 0.759, below the mini target
   assert compliance.check_log(log, official, tmp_path).passed
@@ -53,7 +20,7 @@ def test_the_mini_threshold_is_the_only_difference(tmp_path):
   assert compliance.check_log(log, mini, tmp_path).passed
 
 
-def test_a_missing_required_key_fails_the_check(tmp_path):
+def test_a_missing_required_key_fails_the_check(tmp_path, write_log):
   mini = rules.load("resnet", "mini")
   log = write_log(tmp_path / "a.txt", [0.99], drop=("lars_opt_weight_decay",))
   verdict = compliance.check_log(log, mini, tmp_path)

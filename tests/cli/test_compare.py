@@ -1,0 +1,133 @@
+"""`mlbench compare`: scores equal to result_summarizer's, outputs, speedups, invalid results."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlperf_logging.result_summarizer import result_summarizer
+
+from mlbench import compare
+from mlbench.cli import main
+
+DATA = Path(__file__).parents[1] / "data" / "mlperf-results"
+PACKAGES = {"v0.7/Google": "0.7.0", "v4.0/NVIDIA": "4.0.0", "v4.0/Dell": "4.0.0"}
+
+# result_summarizer on a one-system copy of a package (it rewrites scaling.json and
+# prints tracebacks for v0.7): {benchmark: minutes}.
+SUMMARIZE = """
+import contextlib, io, json, sys
+from mlperf_logging.result_summarizer import result_summarizer as rs
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    strong = rs.summarize_results(sys.argv[1], "training", sys.argv[2])[0]
+row = strong.to_dict("records")[0]
+print(json.dumps({k: v for k, v in row.items() if isinstance(v, float) and v == v}))
+"""
+
+
+def _summarizer(package: Path, system: str, ruleset: str, tmp: Path) -> dict[str, float]:
+  copy = tmp / f"{package.name}-{system}"
+  shutil.copytree(package / "results" / system, copy / "results" / system)
+  (copy / "systems").mkdir()
+  shutil.copy(package / "systems" / f"{system}.json", copy / "systems")
+  out = subprocess.run([sys.executable, "-c", SUMMARIZE, str(copy), ruleset],
+                       capture_output=True, text=True, check=True)
+  return json.loads(out.stdout)
+
+
+@pytest.fixture(scope="module")
+def entries():
+  return compare.compare([DATA / p for p in PACKAGES])
+
+
+def test_scores_equal_result_summarizers(entries, tmp_path):
+  checked = 0
+  for package, ruleset in PACKAGES.items():
+    root = DATA / package
+    for system in sorted(p.name for p in (root / "results").iterdir()):
+      theirs = _summarizer(root, system, ruleset, tmp_path)
+      ours = {e.bench.benchmark: e.score for e in entries
+              if e.source == root and e.bench.system == system}
+      assert set(ours) == set(theirs), (system, ours, theirs)
+      for bench, minutes in theirs.items():
+        assert ours[bench] == pytest.approx(minutes, abs=1e-3), (system, bench)
+        checked += 1
+  assert checked == 15
+
+
+def test_the_published_numbers(entries):
+  """The scores the summarizer prints for the v0.7 TPU-v3-8192 JAX entries (in minutes)."""
+  jax = {e.bench.benchmark: e for e in entries if e.bench.system == "tpu-v3-8192-JAX"}
+  assert {b: round(e.score, 4) for b, e in jax.items()} == {
+      "bert": 0.4002, "resnet": 0.4717, "transformer": 0.2576}
+  assert jax["resnet"].gbs == 65536 and jax["resnet"].samples_to_converge == pytest.approx(92.0)
+
+
+def test_speedups_compare_runs_to_the_same_target_only(entries):
+  by = {(e.bench.system, e.bench.benchmark): e for e in entries}
+  base = by[("tpu-v3-8192-JAX", "resnet")]
+  assert base.speedup == 1.0
+  nvidia = by[("eos_n8_ngc24.04_mxnet", "resnet")]
+  assert nvidia.speedup == pytest.approx(base.score / nvidia.score)
+  assert nvidia.rcp == "Pass" and nvidia.scaling == pytest.approx(1.0042232277526395)
+  # ssd was SSD-ResNet34 (target 0.23) in 0.7.0 and RetinaNet (0.34) in 4.0.0.
+  assert by[("eos_n8_ngc24.04_pytorch", "ssd")].speedup == 1.0
+  assert by[("tpu-v3-8192-TF", "ssd")].speedup == pytest.approx(
+      by[("tpu-v3-4096-JAX", "ssd")].score / by[("tpu-v3-8192-TF", "ssd")].score)
+
+
+def test_olympic_average_matches_the_summarizers():
+  rng = random.Random(0)
+  for _ in range(200):
+    n = rng.randint(3, 10)
+    times = [rng.uniform(1, 10) for _ in range(n)]
+    dropped = rng.randint(0, 2)
+    max_dropped = rng.choice([1, 4])
+    theirs = (None if dropped > max_dropped else
+              result_summarizer._compute_olympic_average(list(times), dropped, max_dropped))
+    assert compare.olympic(times, dropped, max_dropped) == theirs
+
+
+def test_more_than_one_non_converged_run_is_invalid(tmp_path):
+  root = tmp_path / "NVIDIA"
+  shutil.copytree(DATA / "v4.0/NVIDIA", root)
+  log = root / "results/eos_n8_ngc24.04_mxnet/resnet/result_0.txt"  # result_4 already misses
+  log.write_text("".join(  # the target; now this one too.
+      re.sub(r'"value": [0-9.]+', '"value": 0.5', ln) if '"eval_accuracy"' in ln else ln
+      for ln in log.read_text().splitlines(keepends=True)))
+  [e] = [e for e in compare.compare([root]) if e.bench.benchmark == "resnet"]
+  assert e.dropped == 2 and e.score is None and e.samples_to_converge is None
+
+
+def test_outputs_are_written_once_and_never_overwritten(capsys, tmp_path):
+  out = {k: tmp_path / f"cmp.{k}" for k in ("csv", "json", "png")}
+  code = main(["compare", str(DATA / "v0.7/Google"), str(DATA / "v4.0/Dell"),
+               "--csv", str(out["csv"]), "--json", str(out["json"]), "--plot", str(out["png"])])
+  err = capsys.readouterr().err
+  assert code == 0 and "MLPerf scores" in err and "Traceback" not in err
+  rows = list(csv.DictReader(out["csv"].open()))
+  assert len(rows) == 5  # 4 Google systems, 1 Dell
+  for column in ("division", "submitter", "system", "resnet:time_to_train", "resnet:GBS",
+                 "resnet:samples_to_converge", "resnet:RCP", "resnet:rcp_scaling_factor",
+                 "resnet:speedup"):
+    assert column in rows[0]
+  doc = json.loads(out["json"].read_text())
+  assert len(doc["rows"]) == 5 and all(e["runs"] for e in doc["entries"])
+  assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out["png"].stat().st_size > 50_000
+  before = out["csv"].read_bytes()
+  code = main(["compare", str(DATA / "v4.0/Dell"), "--csv", str(out["csv"])])
+  assert code == 2 and "already exists" in capsys.readouterr().err
+  assert out["csv"].read_bytes() == before
+
+
+def test_a_single_log_is_not_a_submission(capsys):
+  log = DATA / "v4.0/Dell/results/XE9680x8H100-SXM-80GB/resnet/result_0.txt"
+  assert main(["compare", str(log)]) == 2
+  assert "compare needs result folders" in capsys.readouterr().err

@@ -1,0 +1,196 @@
+"""`mlbench validate` on published MLPerf packages, on our own logs, and on broken input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlbench import results
+from mlbench.cli import main
+
+DATA = Path(__file__).parents[1] / "data" / "mlperf-results"
+ROUNDS = {"v0.7": "0.7.0", "v4.0": "4.0.0"}  # the rounds these packages were published in
+
+# Judges each file with the official compliance checker in one fresh process:
+# an independent computation of what validate's checker column must say.
+OFFICIAL = """
+import json, logging, sys
+logging.disable(logging.CRITICAL)
+from mlperf_logging.compliance_checker import mlp_compliance
+out = {}
+for path, ruleset in json.loads(sys.argv[1]):
+    mlp_compliance.enqueued_configs.clear()
+    checker = mlp_compliance.make_checker("training", ruleset, True, False)
+    out[path] = mlp_compliance.main(path, f"training_{ruleset}/common.yaml", checker)[0]
+print(json.dumps(out))
+"""
+
+
+def validate(capsys, *args):
+  code = main(["validate", "--json", *map(str, args)])
+  captured = capsys.readouterr()
+  assert "Traceback" not in captured.err
+  return code, (json.loads(captured.out) if captured.out else None), captured.err
+
+
+def _files(report):
+  return {f["path"]: f for b in report["benchmarks"] for f in b["files"]} or {
+      f["path"]: f for f in report["files"]}
+
+
+@pytest.mark.parametrize("package, exit_code", [("v0.7/Google", 0), ("v4.0/NVIDIA", 1),
+                                                ("v4.0/Dell", 0)])
+def test_published_packages_get_the_official_verdict_per_file(capsys, package, exit_code):
+  code, report, err = validate(capsys, DATA / package)
+  assert code == exit_code == report["exit_code"]
+  files = _files(report)
+  ruleset = ROUNDS[package.split("/")[0]]
+  assert {f["ruleset"] for f in files.values()} == {ruleset}
+  judged = subprocess.run([sys.executable, "-c", OFFICIAL,
+                           json.dumps([[p, ruleset] for p in files])],
+                          capture_output=True, text=True, check=True)
+  official = json.loads(judged.stdout)
+  assert {p: f["checker"] == "PASS" for p, f in files.items()} == official
+  assert "result logs" in err and "benchmarks (olympic scoring)" in err
+
+
+def test_what_the_published_packages_are_known_for(capsys):
+  _, nvidia, _ = validate(capsys, DATA / "v4.0/NVIDIA")
+  assert all(any("Field status contains a non valid value" in f["message"] for f in s["findings"])
+             for s in nvidia["systems"])  # "onprem" is no 4.0.0 status any more
+  bad = _files(nvidia)[str(DATA / "v4.0/NVIDIA/results/eos_n8_ngc24.04_mxnet/resnet/result_4.txt")]
+  finding = bad["checker_findings"][0]
+  assert finding["message"].startswith("Failed checks for eval_accuracy")
+  text = Path(bad["path"]).read_text().splitlines()
+  assert '"eval_accuracy"' in text[finding["lineno"] - 1]  # points at the last evaluation
+  _, google, _ = validate(capsys, DATA / "v0.7/Google")
+  edited = _files(google)[str(DATA / "v0.7/Google/results/tpu-v3-8192-TF/ssd/result_0.txt")]
+  assert edited["checker"] == "PASS" and edited["verdict"] == "FAIL"  # run_start < init_stop
+  assert any(f["check"] == "run order" for f in edited["findings"])
+  verdicts = {(b["system"], b["benchmark"]): b["verdict"] for b in google["benchmarks"]}
+  assert set(verdicts.values()) == {"PASS"} and len(verdicts) == 9
+
+
+def test_a_single_log_uses_its_package_for_ruleset_and_system(capsys):
+  log = DATA / "v4.0/Dell/results/XE9680x8H100-SXM-80GB/bert/result_0.txt"  # run in 2023
+  code, report, _ = validate(capsys, log)
+  assert code == 0
+  [f] = report["files"]
+  assert f["ruleset"] == "4.0.0"
+  assert any(x["check"] == "submission" and "1xE9680x8H100" in x["message"] for x in f["findings"])
+
+
+@pytest.fixture
+def package(tmp_path):
+  """A copy of Dell's v4.0 ssd results: five passing runs, a passing system file."""
+  root = tmp_path / "Dell"
+  shutil.copytree(DATA / "v4.0/Dell/systems", root / "systems")
+  shutil.copytree(DATA / "v4.0/Dell/results/XE9680x8H100-SXM-80GB/ssd",
+                  root / "results/XE9680x8H100-SXM-80GB/ssd")
+  return root
+
+
+def _bench(root):
+  return root / "results/XE9680x8H100-SXM-80GB/ssd"
+
+
+def _edit(path, fn):
+  path.write_text(fn(path.read_text()))
+
+
+def test_the_clean_copy_passes(capsys, package):
+  assert validate(capsys, package)[0] == 0
+
+
+@pytest.mark.parametrize("breakage, check, message", [
+    ("truncate", "compliance", "parse error"),
+    ("malformed", "compliance", "parse error"),
+    ("no_run_stop", "compliance", "run_stop"),
+    ("time_back", "timestamps", "time goes back"),
+])
+def test_a_broken_log_fails_with_the_rule_and_line(capsys, package, breakage, check, message):
+  log = _bench(package) / "result_2.txt"
+  lines = log.read_text().splitlines(keepends=True)
+  if breakage == "truncate":  # Cut in the middle of the last log line, as a full disk would.
+    last = max(n for n, ln in enumerate(lines) if ":::MLLOG" in ln)
+    log.write_text("".join(lines[:last]) + lines[last][: len(lines[last]) // 2])
+  elif breakage == "malformed":
+    log.write_text("".join(lines[:40]) + ':::MLLOG {"key": "eval_accuracy", oops\n'
+                   + "".join(lines[40:]))
+  elif breakage == "no_run_stop":
+    log.write_text("".join(ln for ln in lines if '"run_stop"' not in ln))
+  else:
+    i = next(n for n, ln in enumerate(lines) if '"eval_start"' in ln)
+    stamp = json.loads(lines[i].split(":::MLLOG ", 1)[1])["time_ms"]
+    lines[i] = lines[i].replace(str(stamp), str(stamp - 7_200_000))
+    log.write_text("".join(lines))
+  code, report, _ = validate(capsys, package)
+  bad = _files(report)[str(log)]
+  assert bad["verdict"] == "FAIL"
+  found = bad["checker_findings"] + bad["findings"]
+  assert any(f["check"] == check and message in f["message"] for f in found), found
+  if message == "parse error":
+    # The official seed checker cannot read an unparseable log, and fails the package.
+    assert code == 1 and "Log lines had parsing errors" in json.dumps(report["benchmarks"])
+    return
+  assert code == 0  # One failing run of five: olympic scoring may drop it.
+  _edit(_bench(package) / "result_3.txt", lambda t: t.replace('"run_stop"', '"run_stopp"'))
+  assert validate(capsys, package)[0] == 1  # A second one: not any more.
+
+
+def test_package_level_breakage(capsys, package):
+  (_bench(package) / "result_4.txt").unlink()
+  code, report, _ = validate(capsys, package)
+  assert code == 1 and "4 result_*.txt files, the rules want exactly 5" in json.dumps(report)
+  shutil.copy(_bench(package) / "result_0.txt", _bench(package) / "result_4.txt")
+  code, report, _ = validate(capsys, package)
+  assert code == 1 and "seed checker failed" in json.dumps(report)
+
+
+def test_an_unknown_benchmark(capsys, package):
+  moe = package / "results/XE9680x8H100-SXM-80GB/moe"
+  _bench(package).rename(moe)
+  for f in moe.glob("result_*.txt"):
+    _edit(f, lambda t: t.replace('"value": "ssd"', '"value": "moe"'))
+  code, report, _ = validate(capsys, package, "--ruleset", "4.0.0")
+  assert code == 1
+  [bench] = report["benchmarks"]
+  assert "'moe' is not a 4.0.0 benchmark" in json.dumps(bench["findings"])
+  assert {f["checker"] for f in bench["files"]} <= {"FAIL", "ERROR"}
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p.mkdir(), "holds no MLPerf result logs"),
+    (lambda p: p.write_text("hello\n"), "is not an MLPerf result log"),
+])
+def test_not_a_log_or_package_is_a_one_line_error(capsys, tmp_path, make, message):
+  target = tmp_path / "thing"
+  make(target)
+  code, report, err = validate(capsys, target)
+  assert code == 2 and report is None
+  assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_mlbench_logs_validate_under_the_mini_rules(capsys, tmp_path, write_log):
+  """Five runs as `mlbench run --runs 5` writes them, with a system description."""
+  machine = results.probe(__import__("jax").local_devices(), 1)
+  results.ensure_system(tmp_path, results.describe(machine, system="cpu-test", submitter="mlbench",
+                                                   division="closed", notes=""))
+  folder = results.benchmark_dir(tmp_path, "cpu-test", "resnet")
+  folder.mkdir(parents=True)
+  for i in range(5):
+    write_log(folder / f"result_{i}.txt", [0.5, 0.9, 0.985], seed=100 + i)
+  code, report, _ = validate(capsys, tmp_path)
+  assert code == 0, json.dumps(report, indent=1)[:3000]
+  [bench] = report["benchmarks"]
+  assert bench["ruleset"] == "mini" and bench["ruleset_from"].startswith("named in the logs")
+  assert "mini rules have no reference convergence points" in json.dumps(bench["findings"])
+  write_log(folder / "result_4.txt.tmp", [0.5, 0.97], seed=104)  # below the mini target
+  (folder / "result_4.txt.tmp").replace(folder / "result_4.txt")
+  code, report, _ = validate(capsys, folder / "result_4.txt")
+  assert code == 1 and report["files"][0]["checker"] == "FAIL"

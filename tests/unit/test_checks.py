@@ -1,0 +1,142 @@
+"""mlbench's own log checks, on small logs written line by line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mlbench import checks, rules
+from mlbench.checks import Severity
+from mlbench.resultlog import ResultLog, detect_ruleset
+from mlbench.errors import UserError
+
+
+def _log(tmp_path, events, name="log.txt"):
+  """events: (time_ms, key, value, metadata) tuples -> a parsed ResultLog."""
+  lines = []
+  for t, key, value, meta in events:
+    lines.append(":::MLLOG " + json.dumps({"namespace": "", "time_ms": t, "event_type":
+                                           "POINT_IN_TIME", "key": key, "value": value,
+                                           "metadata": {"file": "x.py", "lineno": 1, **meta}}))
+  path = tmp_path / name
+  path.write_text("some preamble\n" + "\n".join(lines) + "\n")
+  return ResultLog.read(path)
+
+
+def _run(tmp_path, evals, *, gbs=3200, train=1281167, success=True, start=1_700_000_000_000):
+  ev = [(start + 10 + i, "eval_accuracy", v, {"epoch_num": e}) for i, (e, v) in enumerate(evals)]
+  return _log(tmp_path, [(start - 5, "init_start", None, {}), (start - 2, "init_stop", None, {}),
+                         (start - 1, "global_batch_size", gbs, {}),
+                         (start - 1, "train_samples", train, {}),
+                         (start, "run_start", None, {}), *ev,
+                         (start + 100, "run_stop", None,
+                          {"status": "success" if success else "aborted"})])
+
+
+def _fails(findings):
+  return [f for f in findings if f.severity is Severity.FAIL]
+
+
+def test_reader_keeps_file_line_numbers_and_reports_bad_lines(tmp_path):
+  path = tmp_path / "x.txt"
+  path.write_text("junk\n:::MLLOG {\"time_ms\": 5, \"key\": \"a\", \"value\": 1, \"metadata\": {}}\n"
+                  "[1,0]<stdout>: :::MLLOG {\"time_ms\": 6, \"key\": \"b\"}\n"
+                  ":::MLLOG {not json\n")
+  log = ResultLog.read(path)
+  assert [(ln.lineno, ln.key) for ln in log.lines] == [(2, "a")]
+  assert [e[0] for e in log.errors] == [3, 4]
+  assert [f.lineno for f in checks.parse_errors(log)] == [3, 4]
+
+
+def test_timestamps_small_skew_warns_a_jump_back_fails_and_zero_is_set_aside(tmp_path):
+  log = _log(tmp_path, [(1000, "a", 1, {}), (0, "submission_org", "x", {}), (998, "b", 1, {}),
+                        (2000, "c", 1, {}), (500, "d", 1, {})])
+  found = checks.timestamps(log, tolerance_ms=100)
+  assert [f.severity for f in found] == [Severity.WARN, Severity.FAIL, Severity.WARN]
+  assert "1 line(s) have no timestamp" in found[0].message
+  assert found[1].message.startswith("time goes back 1500 ms") and found[1].lineno == 6
+  assert "by at most 2 ms" in found[2].message
+
+
+def test_run_order(tmp_path):
+  log = _log(tmp_path, [(1, "init_start", None, {}), (5, "init_stop", None, {}),
+                        (3, "run_start", None, {}), (9, "run_stop", None, {"status": "success"})])
+  [f] = checks.run_order(log)
+  assert f.message.startswith("run_start (3) comes before init_stop (5")
+  log = _log(tmp_path, [(1, "init_start", None, {}), (2, "init_stop", None, {}),
+                        (3, "run_start", None, {})], name="b.txt")
+  assert [f.message for f in checks.run_order(log)] == ["no run_stop line"]
+
+
+def test_exact_cadence_with_an_offset(tmp_path):
+  rule = rules.load("resnet", "4.0.0")
+  good = _run(tmp_path, [(3, 0.3), (7, 0.5), (11, 0.76)])  # offset 1, as NVIDIA v4.0 logs
+  assert checks.schedule(good, rule) == []
+  skipped = _run(tmp_path, [(4, 0.3), (12, 0.76)])
+  [f] = checks.schedule(skipped, rule)
+  assert f.severity is Severity.FAIL and "evaluation 2 at 12 epochs" in f.message
+  late_start = _run(tmp_path, [(5, 0.3), (9, 0.76)])
+  assert "first evaluation at 5 epochs" in _fails(checks.schedule(late_start, rule))[0].message
+
+
+def test_samples_cadence_tolerates_batches_and_warns_on_drift(tmp_path):
+  rule = rules.load("bert", "4.0.0")  # every 150,000 samples at batch 768
+  on_time = _run(tmp_path, [(150528, 0.4), (300288, 0.5), (450048, 0.72)], gbs=768)
+  assert checks.schedule(on_time, rule) == []
+  drift = _run(tmp_path, [(150000, 0.4), (298000, 0.5), (450000, 0.72)], gbs=768)
+  [f] = checks.schedule(drift, rule)
+  assert f.severity is Severity.WARN and "evaluation 2 at 298,000" in f.message
+  wrong = _run(tmp_path, [(150000, 0.4), (330000, 0.72)], gbs=768)
+  assert _fails(checks.schedule(wrong, rule))
+
+
+def test_at_least_cadence_allows_extra_evaluations_but_no_gaps(tmp_path):
+  rule = rules.load("ssd", "0.7.0")  # epochs 40, 50, 55, ... at least
+  extra = _run(tmp_path, [(e, 0.1) for e in (5, 10, 20, 30, 40, 45, 50, 55)] + [(60, 0.231)],
+               gbs=1024, train=117266)
+  assert checks.schedule(extra, rule) == []
+  gap = _run(tmp_path, [(40, 0.1), (50, 0.2), (60, 0.231)], gbs=1024, train=117266)
+  [f] = checks.schedule(gap, rule)
+  assert "no evaluation between 50 and 55 epochs" in f.message
+
+
+def test_schedule_of_a_benchmark_without_rules_is_only_noted(tmp_path):
+  log = _log(tmp_path, [(1, "submission_benchmark", "dlrm", {})])
+  [f] = checks.schedule(log, None)
+  assert f.severity is Severity.INFO and "no rules for dlrm" in f.message
+
+
+def test_submission_values_against_the_system_description(tmp_path):
+  desc = {"submitter": "Dell", "division": "closed", "status": "Available on-premise",
+          "system_name": "XE9680x8H100-SXM-80GB"}
+  ok = _log(tmp_path, [(1, "submission_org", "Dell", {}), (1, "submission_division", "closed", {}),
+                       (1, "submission_status", "onprem", {}),
+                       (1, "submission_platform", "1xXE9680x8H100-SXM-80GB", {})])
+  assert checks.submission(ok, desc, "XE9680x8H100-SXM-80GB") == []
+  bad = _log(tmp_path, [(1, "submission_org", "NVIDIA", {}), (1, "submission_division", "open", {}),
+                        (1, "submission_status", "cloud", {}),
+                        (1, "submission_platform", "1xE9680x8H100-SXM-80GB", {})], name="b.txt")
+  found = checks.submission(bad, desc, "XE9680x8H100-SXM-80GB")
+  assert [f.severity for f in found] == [Severity.FAIL] * 3 + [Severity.WARN]
+
+
+def test_seed_required_or_not(tmp_path):
+  none = _log(tmp_path, [(1, "run_start", None, {})])
+  assert checks.seed(none, required=True)[0].severity is Severity.FAIL
+  assert checks.seed(none, required=False)[0].severity is Severity.WARN
+  bad = _log(tmp_path, [(1, "seed", "abc", {})], name="b.txt")
+  assert "is not an integer" in checks.seed(bad, required=True)[0].message
+
+
+def test_ruleset_from_the_latest_run_or_the_log_itself(tmp_path):
+  day = 1_714_000_000_000  # 2024-04-24
+  old = _log(tmp_path, [(day - 365 * 86_400_000, "submission_benchmark", "bert", {})], "a.txt")
+  new = _log(tmp_path, [(day, "submission_benchmark", "resnet", {})], "b.txt")
+  assert detect_ruleset([old])[0] == "3.0.0"  # 2023-04-25: before the 3.0 results
+  assert detect_ruleset([old, new])[0] == "4.0.0"  # carried-over runs do not decide
+  named = _log(tmp_path, [(1, "submission_benchmark", "resnet", {}),
+                          (1, "mlbench_ruleset", "mini", {})], "c.txt")
+  assert detect_ruleset([named]) == ("mini", "named in the logs (mlbench_ruleset)")
+  with pytest.raises(UserError, match="pass --ruleset"):
+    detect_ruleset([_log(tmp_path, [(day, "submission_benchmark", "pong", {})], "d.txt")])
