@@ -13,7 +13,8 @@ from mlbench.cli import main
 HEAVY = ("jax", "jaxlib", "tensorflow", "flax", "optax", "mlperf_logging")
 
 
-@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["list"]])
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["list"], ["validate", "--help"],
+                                  ["compare", "--help"]])
 def test_help_and_list_import_no_heavy_framework(args):
   code = ("import sys; from mlbench.cli import main; rc = main(%r); "
           "print('LOADED', sorted({m.split('.')[0] for m in sys.modules} & set(%r))); "

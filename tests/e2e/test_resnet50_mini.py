@@ -58,6 +58,13 @@ def test_the_default_run_reaches_the_mini_target_with_a_compliant_log(mlbench, t
   assert _by_key(lines, "seed")[0]["metadata"]["file"] == "mlbench/loop.py"
   assert _by_key(lines, "submission_division")[0]["value"] == "closed"
 
+  # mlbench's own validator finds nothing to say about mlbench's own log.
+  checked = mlbench("validate", "--json", str(log), cwd=tmp_path)
+  assert checked.returncode == 0, checked.stderr[-2000:]
+  [verdict] = json.loads(checked.stdout)["files"]
+  assert verdict["ruleset"] == "mini" and verdict["checker"] == "PASS"
+  assert [f for f in verdict["findings"] if f["severity"] != "INFO"] == []
+
 
 def test_runs_get_distinct_seeds_and_five_pass_the_package_checks(mlbench, tmp_path, data_dir):
   """--runs 3, then --runs 2 more: five logs, nothing overwritten, package checks pass."""
