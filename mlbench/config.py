@@ -30,6 +30,31 @@ class Division(enum.Enum):
   OPEN = "open"
 
 
+class InputMode(enum.Enum):
+  """deterministic: the same batches for the same seed; fast: tf.data hands out
+  whichever element is ready first."""
+
+  DETERMINISTIC = "deterministic"
+  FAST = "fast"
+
+
+MESH_AXES = ("data", "model", "expert")
+
+
+def parse_mesh(text: str) -> tuple[tuple[str, int], ...]:
+  """'data=4,model=2' -> (('data', 4), ('model', 2))."""
+  out = []
+  for part in text.split(","):
+    name, sep, size = part.strip().partition("=")
+    if not sep or name not in MESH_AXES or not size.isdigit() or int(size) < 1:
+      raise UserError(f"--mesh expects AXIS=SIZE,... with axes {', '.join(MESH_AXES)}; "
+                      f"got '{text}'")
+    if name in dict(out):
+      raise UserError(f"--mesh names axis '{name}' twice")
+    out.append((name, int(size)))
+  return tuple(out)
+
+
 def default_cache_dir() -> Path:
   """Where generated datasets and derived checker rules live by default."""
   env = os.environ.get("MLBENCH_CACHE_DIR")
@@ -62,6 +87,15 @@ class RunConfig:
       keeps the platform's devices.
     clear_caches: drop the OS page cache before each run (needs root), as the
       MLPerf rules require of submissions; logged as `cache_clear`.
+    mesh: device mesh axes and sizes ((('data', 4), ('model', 2))); None puts
+      every device on `data`.
+    weight_update_sharding: shard the optimizer state and the weight update
+      over the data-parallel replicas (Xu et al. 2020).
+    bn_group_size: batch-norm statistics over groups of this many data-parallel
+      devices (None: over the whole global batch).
+    input_mode: deterministic or fast input pipelines.
+    coordinator, num_processes, process_id: jax.distributed settings for a
+      multi-host run (None: auto-detected on TPU pods and SLURM, else 1 process).
   """
 
   workload: str
@@ -77,6 +111,13 @@ class RunConfig:
   submitter: str = "mlbench"
   cpu_devices: int | None = None
   clear_caches: bool = False
+  mesh: tuple[tuple[str, int], ...] | None = None
+  weight_update_sharding: bool = False
+  bn_group_size: int | None = None
+  input_mode: InputMode = InputMode.DETERMINISTIC
+  coordinator: str | None = None
+  num_processes: int | None = None
+  process_id: int | None = None
 
 
 def load(workload: Workload, name_or_path: str | None) -> tuple[str, Any]:

@@ -51,20 +51,27 @@ def across_processes(part: EvalPart) -> EvalPart:
     return part
   from jax.experimental import multihost_utils as mhu
 
-  sums = {k: np.asarray(v).sum(axis=0)
-          for k, v in mhu.process_allgather({k: np.asarray(v) for k, v in part.sums.items()}).items()}
-  count = int(np.asarray(mhu.process_allgather(np.asarray(part.count))).sum())
+  sums = {k: _allgather_exact(np.asarray(v)).sum(axis=0) for k, v in part.sums.items()}
+  count = int(_allgather_exact(np.asarray(part.count, np.int64)).sum())
   rows = {k: _allgather_rows(np.asarray(v)) for k, v in part.rows.items()}
   return EvalPart(sums=sums, rows=rows, count=count)
 
 
-def _allgather_rows(x: np.ndarray) -> np.ndarray:
+def _allgather_exact(x: np.ndarray) -> np.ndarray:
+  """process_allgather that keeps every bit: JAX would cast float64 and int64 to
+  32 bits, so the bytes travel as uint8. Returns [processes, *x.shape]."""
   from jax.experimental import multihost_utils as mhu
 
-  lengths = np.asarray(mhu.process_allgather(np.asarray(len(x)))).reshape(-1)
+  raw = np.frombuffer(np.ascontiguousarray(x).tobytes(), np.uint8)
+  gathered = np.asarray(mhu.process_allgather(raw))
+  return np.stack([np.frombuffer(g.tobytes(), x.dtype).reshape(x.shape) for g in gathered])
+
+
+def _allgather_rows(x: np.ndarray) -> np.ndarray:
+  lengths = _allgather_exact(np.asarray(len(x), np.int64)).reshape(-1)
   padded = np.zeros((int(lengths.max()),) + x.shape[1:], x.dtype)
   padded[:len(x)] = x
-  gathered = np.asarray(mhu.process_allgather(padded))
+  gathered = _allgather_exact(padded)
   return np.concatenate([gathered[i, :n] for i, n in enumerate(lengths)])
 
 

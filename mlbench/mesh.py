@@ -71,3 +71,15 @@ def local_rows(x: Any) -> np.ndarray:
     start = s.index[0].start or 0 if s.index else 0
     shards.setdefault(start, s)  # Replicas over other mesh axes hold the same rows.
   return np.concatenate([np.asarray(shards[k].data) for k in sorted(shards)], axis=0)
+
+
+def replicated_value(mesh: Any, value: Any) -> Any:
+  """A host value as an array replicated on every device of the mesh.
+
+  Works with several processes (each supplies its own devices' copies), where
+  jax.device_put onto devices of other processes is not allowed.
+  """
+  import jax
+
+  host = np.asarray(value)
+  return jax.make_array_from_callback(host.shape, replicated(mesh), lambda index: host[index])

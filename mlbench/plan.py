@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mlbench import config as config_lib, data, mesh as mesh_lib, registry, results, rules
-from mlbench.config import Division, RunConfig
+from mlbench.config import Division, InputMode, RunConfig
 from mlbench.errors import UserError
 from mlbench.runtime import Runtime
 from mlbench.workload import Schedule, StepContext, Workload
@@ -111,9 +111,9 @@ def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | Non
   cfg = config_lib.override(cfg, rc.overrides)
   rule = rules.load(workload.benchmark, rc.ruleset or rules.default_ruleset(workload.benchmark, name))
   schedule = workload.schedule(cfg)
-  mesh = mesh_lib.make_mesh(devices=runtime.devices)
+  mesh = mesh_lib.make_mesh(dict(rc.mesh) if rc.mesh else None, devices=runtime.devices)
   _check_batches(schedule, runtime, mesh)
-  ctx = StepContext(mesh=mesh, bn_groups=1)
+  ctx = StepContext(mesh=mesh, bn_groups=_bn_groups(rc.bn_group_size, mesh, schedule))
   hparams = {**harness_hparams(schedule), **workload.hparams(cfg, schedule, ctx)}
   problems = rule.problems(hparams, closed=rc.division is Division.CLOSED)
   if problems:
@@ -127,7 +127,19 @@ def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | Non
   return Plan(rc=rc, runtime=runtime, workload=workload, config_name=name, cfg=cfg, rule=rule,
               schedule=schedule, mesh=mesh, ctx=ctx, tx=workload.optimizer(cfg, schedule),
               hparams=hparams, system=system, system_desc=description, data_dir=rc.data_dir,
-              points=eval_points(schedule, rule))
+              points=eval_points(schedule, rule),
+              pipeline=data.PipelineOptions(deterministic=rc.input_mode is InputMode.DETERMINISTIC))
+
+
+def _bn_groups(group_size: int | None, mesh: Any, schedule: Schedule) -> int:
+  """Batch-norm groups from --bn-group-size (data-parallel devices per group)."""
+  devices = mesh_lib.data_size(mesh)
+  if group_size is None:
+    return 1
+  if group_size < 1 or devices % group_size:
+    raise UserError(f"--bn-group-size {group_size} must divide the {devices} data-parallel "
+                    "devices")
+  return devices // group_size
 
 
 def _hw_notes(runtime: Runtime, rc: RunConfig) -> str:

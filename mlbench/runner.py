@@ -57,7 +57,8 @@ def prepare(rc: RunConfig) -> Plan:
 
   Nothing is written under --results-dir until every check has passed.
   """
-  runtime = runtime_lib.setup(cpu_devices=rc.cpu_devices)
+  runtime = runtime_lib.setup(cpu_devices=rc.cpu_devices, distributed=runtime_lib.Distributed(
+      rc.coordinator, rc.num_processes, rc.process_id))
   plan = make_plan(rc, runtime)
   if plan.workload.input.prepare is not None:
     try:

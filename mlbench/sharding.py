@@ -25,6 +25,7 @@ AXIS_RULES: Mapping[str, str | None] = {
     "heads": "model",
     "kv": None,
     "vocab": "model",
+    "channels": "model",
     "expert": "expert",
 }
 
@@ -78,3 +79,41 @@ def tree_shardings(tree: Any, rules: Sequence[tuple[str, Any]], mesh: Any) -> An
     return NamedSharding(mesh, PartitionSpec())
 
   return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def over_data(tree: Any, shardings: Any, mesh: Any) -> Any:
+  """Weight-update sharding (Xu et al. 2020): each leaf also split over `data`.
+
+  The largest dimension the data axis divides, among those no rule already
+  shards, is split over it; leaves with none (scalars, odd sizes) keep their
+  sharding. Applied to the optimizer state and to the parameters during the
+  update, this makes XLA reduce-scatter the gradients, update 1/N of every
+  tensor per replica and all-gather the new parameters. Norms in LARS and LAMB
+  stay global: they are reductions over the logical (sharded) arrays.
+  """
+  import jax
+  from jax.sharding import NamedSharding, PartitionSpec
+
+  n = int(mesh.shape.get("data", 1))
+
+  def one(leaf, sh):
+    spec = list(sh.spec) + [None] * (len(leaf.shape) - len(sh.spec))
+    named = {a for s in spec if s for a in (s if isinstance(s, tuple) else (s,))}
+    free = [d for d, s in enumerate(spec) if s is None and leaf.shape[d] % n == 0]
+    if n == 1 or "data" in named or not free:
+      return sh
+    spec[max(free, key=lambda d: leaf.shape[d])] = "data"
+    while spec and spec[-1] is None:
+      spec.pop()
+    return NamedSharding(mesh, PartitionSpec(*spec))
+
+  return jax.tree.map(one, tree, shardings)
+
+
+def bytes_per_device(tree: Any, shardings: Any) -> int:
+  """Bytes one device holds of `tree` (arrays or shapes) under `shardings`."""
+  import jax
+  import numpy as np
+
+  return int(sum(np.prod(sh.shard_shape(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+                 for leaf, sh in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings))))

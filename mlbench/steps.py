@@ -46,12 +46,19 @@ class Programs:
   batch_sharding: Any
   train_spec: Mapping[str, jax.ShapeDtypeStruct]
   eval_spec: Mapping[str, jax.ShapeDtypeStruct]
-  train_flops: float | None  # XLA's count for one compiled train step
+  train_flops: float | None  # XLA's count for one compiled train step, per device
+  opt_state_bytes: int = 0             # optimizer state one device holds
+  opt_state_bytes_replicated: int = 0  # the whole optimizer state
 
   def fresh_sums(self) -> dict[str, jax.Array]:
     """Zeroed train-metric accumulators (the train step donates them)."""
-    return jax.device_put({k: np.zeros((), np.float32) for k in self.metric_names},
-                          self.sums_sharding)
+    return {k: mesh_lib.replicated_value(self.sums_sharding[k].mesh, np.zeros((), np.float32))
+            for k in self.metric_names}
+
+  def init_state(self, seed: int) -> TrainState:
+    """The initial train state of a run, on the mesh, from its seed."""
+    mesh = self.sums_sharding["loss"].mesh
+    return self.init(mesh_lib.replicated_value(mesh, np.uint32(seed % 2**32)))
 
 
 def batch_spec(workload: Workload, cfg: Any, split: Split, global_batch: int,
@@ -65,10 +72,10 @@ def batch_spec(workload: Workload, cfg: Any, split: Split, global_batch: int,
 
 
 def init_fn(workload: Workload, cfg: Any, tx: optax.GradientTransformation):
-  """rng -> TrainState: model parameters, model state and optimizer state."""
+  """seed -> TrainState: model parameters, model state and optimizer state."""
 
-  def init(rng: jax.Array) -> TrainState:
-    init_rng, train_rng = jax.random.split(rng)
+  def init(seed: jax.Array) -> TrainState:
+    init_rng, train_rng = jax.random.split(jax.random.key(seed))
     params, model_state = workload.init(cfg, init_rng)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, model_state=model_state,
                       opt_state=tx.init(params), rng=train_rng)
@@ -76,8 +83,14 @@ def init_fn(workload: Workload, cfg: Any, tx: optax.GradientTransformation):
   return init
 
 
-def train_fn(workload: Workload, cfg: Any, ctx: StepContext, tx: optax.GradientTransformation):
-  """(state, metric_sums, batch) -> (state, metric_sums): one optimizer step."""
+def train_fn(workload: Workload, cfg: Any, ctx: StepContext, tx: optax.GradientTransformation,
+             update_sharding: Any = None, param_sharding: Any = None):
+  """(state, metric_sums, batch) -> (state, metric_sums): one optimizer step.
+
+  With `update_sharding` (weight-update sharding), gradients and parameters are
+  constrained to it for the optimizer update, and the new parameters back to
+  `param_sharding`: XLA reduce-scatters, updates shards, all-gathers.
+  """
 
   def step(state: TrainState, sums: dict[str, jax.Array], batch: Batch):
     rng = jax.random.fold_in(state.rng, state.step)
@@ -86,9 +99,16 @@ def train_fn(workload: Workload, cfg: Any, ctx: StepContext, tx: optax.GradientT
       return workload.loss(cfg, ctx, params, state.model_state, batch, rng)
 
     (loss, (model_state, metrics)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    new_state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                              model_state=model_state, opt_state=opt_state)
+    params = state.params
+    if update_sharding is not None:
+      grads = jax.lax.with_sharding_constraint(grads, update_sharding)
+      params = jax.lax.with_sharding_constraint(params, update_sharding)
+    updates, opt_state = tx.update(grads, state.opt_state, params)
+    params = optax.apply_updates(params, updates)
+    if update_sharding is not None:
+      params = jax.lax.with_sharding_constraint(params, param_sharding)
+    new_state = state.replace(step=state.step + 1, params=params, model_state=model_state,
+                              opt_state=opt_state)
     metrics = {"loss": loss, **metrics}
     return new_state, {k: sums[k] + jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
@@ -103,19 +123,24 @@ def eval_fn(workload: Workload, cfg: Any, ctx: StepContext):
 
 
 def compile_programs(workload: Workload, cfg: Any, schedule: Schedule, mesh: Any,
-                     ctx: StepContext, tx: optax.GradientTransformation) -> Programs:
+                     ctx: StepContext, tx: optax.GradientTransformation, *,
+                     weight_update_sharding: bool = False) -> Programs:
   """Lowers and compiles init, train and eval for `mesh` from shapes alone."""
-  rng_spec = jax.ShapeDtypeStruct((), jax.random.key(0).dtype,
-                                  sharding=mesh_lib.replicated(mesh))
+  rng_spec = jax.ShapeDtypeStruct((), jnp.uint32, sharding=mesh_lib.replicated(mesh))
   init = init_fn(workload, cfg, tx)
   state_shapes = jax.eval_shape(init, rng_spec)
   state_sh = sharding.tree_shardings(state_shapes, workload.partition_rules(cfg), mesh)
+  update_sh = None
+  if weight_update_sharding:
+    state_sh = state_sh.replace(opt_state=sharding.over_data(state_shapes.opt_state,
+                                                             state_sh.opt_state, mesh))
+    update_sh = sharding.over_data(state_shapes.params, state_sh.params, mesh)
   batch_sh = mesh_lib.batch_sharding(mesh)
   rep = mesh_lib.replicated(mesh)
   train_spec = batch_spec(workload, cfg, Split.TRAIN, schedule.global_batch_size, batch_sh)
   eval_spec = batch_spec(workload, cfg, Split.EVAL, schedule.eval_batch_size, batch_sh)
 
-  train = train_fn(workload, cfg, ctx, tx)
+  train = train_fn(workload, cfg, ctx, tx, update_sh, state_sh.params)
   names = metric_names(workload, cfg, ctx, state_shapes, train_spec)
   sums_sh = {k: rep for k in names}
   state_in = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
@@ -132,7 +157,14 @@ def compile_programs(workload: Workload, cfg: Any, schedule: Schedule, mesh: Any
   return Programs(init=init_c, train=train_c, eval=eval_c, state_sharding=state_sh,
                   metric_names=tuple(names), sums_sharding=sums_sh,
                   batch_sharding=batch_sh, train_spec=train_spec,
-                  eval_spec=eval_spec, train_flops=_flops(train_c))
+                  eval_spec=eval_spec, train_flops=_flops(train_c),
+                  opt_state_bytes=sharding.bytes_per_device(state_shapes.opt_state,
+                                                            state_sh.opt_state),
+                  opt_state_bytes_replicated=_nbytes(state_shapes.opt_state))
+
+
+def _nbytes(tree: Any) -> int:
+  return int(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
 
 
 def metric_names(workload: Workload, cfg: Any, ctx: StepContext, state: Any,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import click
 
 from mlbench import __version__
+from mlbench.cli.check import check_cmd
 from mlbench.cli.compare import compare_cmd
 from mlbench.cli.info import describe_cmd, list_cmd
 from mlbench.cli.run import run_cmd
@@ -34,6 +35,7 @@ def cli() -> None:
 cli.add_command(list_cmd)
 cli.add_command(describe_cmd)
 cli.add_command(run_cmd)
+cli.add_command(check_cmd)
 cli.add_command(validate_cmd)
 cli.add_command(compare_cmd)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from mlbench.cli import output
+from mlbench.cli.scaling import scaling_config, scaling_options
 from mlbench.config import Division, RunConfig, default_cache_dir
 
 
@@ -46,10 +47,11 @@ from mlbench.config import Division, RunConfig, default_cache_dir
               help="Simulate this many CPU devices (a pod on one host).")
 @click.option("--clear-caches", is_flag=True, envvar="MLBENCH_CLEAR_CACHES",
               help="Drop the OS page cache before each run (needs root), as MLPerf requires.")
+@scaling_options
 def run_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...],
             data_dir: Path | None, results_dir: Path, system: str | None, seed: int | None,
             runs: int, ruleset: str | None, division: str, submitter: str,
-            cpu_devices: int | None, clear_caches: bool) -> int:
+            cpu_devices: int | None, clear_caches: bool, **scaling) -> int:
   """Train WORKLOAD to its quality target and write MLPerf result logs.
 
   Prints one JSON line per run on stdout; progress and summaries on stderr.
@@ -61,7 +63,7 @@ def run_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...],
                  data_dir=data_dir or default_cache_dir() / "data", results_dir=results_dir,
                  system=system, seed=seed, runs=runs, ruleset=ruleset,
                  division=Division(division), submitter=submitter, cpu_devices=cpu_devices,
-                 clear_caches=clear_caches)
+                 clear_caches=clear_caches, **scaling_config(scaling))
   console = output.console()
   plan = runner.prepare(rc)
   if plan.runtime.is_leader:
@@ -101,8 +103,8 @@ def _report(plan, outcome, console) -> None:
       f"[{color}]run {outcome.index + 1}: {status}[/] in {r.time_to_train_s:.1f} s "
       f"(epoch {r.epoch:g}, {plan.rule.quality.key}={last:.4f}); "
       f"{r.samples_per_s:,.0f} samples/s ({r.flops_per_s / 1e9:,.1f} GFLOP/s); "
-      f"init {r.init_s:.1f} s; input wait {wait:.1f}%; "
-      f"log {r.log}", highlight=False)
+      f"init {r.init_s:.1f} s; input wait {wait:.1f}%; optimizer state "
+      f"{r.opt_state_bytes / 2**20:,.2f} MiB per device; log {r.log}", highlight=False)
   if r.init_s > init_limit:
     console.print(f"[red]init took {r.init_s / 60:.1f} min, over the {init_limit / 60:g} min the "
                   f"{plan.rule.ruleset} rules allow: this run is not compliant", highlight=False)
@@ -119,6 +121,7 @@ def _report(plan, outcome, console) -> None:
       "samples_per_s": round(r.samples_per_s, 1), "flops_per_s": round(r.flops_per_s),
       "init_s": round(r.init_s, 3),
       "input_wait_fraction": round(wait / 100, 4), "train_metrics": r.train_metrics,
+      "optimizer_state_bytes_per_device": r.opt_state_bytes,
       "log": str(r.log) if r.log else None,
       "compliant": None if check is None else check.passed}))
 

@@ -51,6 +51,14 @@ def test_a_bad_request_is_one_line_on_stderr_with_exit_code_2(mlbench):
     (["run", "resnet50", "--bogus"], "error: no such option --bogus"),
     (["describe", "resnet5"], "error: unknown workload 'resnet5'; choose one of: resnet50"),
     (["run"], "error: Missing argument 'WORKLOAD'. (see `mlbench run --help`)"),
+    (["run", "resnet50", "--mesh", "data=3"], "error: mesh {'data': 3} needs 3 devices, there "
+                                              "are 8"),
+    (["run", "resnet50", "--mesh", "tensor=8"],
+     "error: --mesh expects AXIS=SIZE,... with axes data, model, expert; got 'tensor=8'"),
+    (["run", "resnet50", "--bn-group-size", "3"],
+     "error: --bn-group-size 3 must divide the 8 data-parallel devices"),
+    (["run", "resnet50", "--num-processes", "2"], "error: a multi-host run needs --coordinator "
+                                                  "HOST:PORT, --num-processes N and --process-id I"),
     (["run", "resnet50", "--config", "full", "--data-dir", "/nonexistent/imagenet"],
      "error: no train-*-of-* TFRecord files in /nonexistent/imagenet; point --data-dir at the "
      "ImageNet TFRecords written by imagenet_to_gcs.py"),

@@ -25,10 +25,8 @@ def compiled(request):
   mesh = mesh_lib.make_mesh()
   ctx = StepContext(mesh=mesh)
   programs = steps.compile_programs(w, cfg, sched, mesh, ctx, w.optimizer(cfg, sched))
-  rng = mesh_lib.replicated(mesh)
-
   def fresh_state():  # The train step donates its state; every test starts anew.
-    return programs.init(jax.device_put(jax.random.key(0), rng))
+    return programs.init_state(0)
 
   return w, cfg, sched, ctx, programs, fresh_state
 

@@ -25,4 +25,5 @@ WORKLOAD = Workload(
     eval=EvalSpec(step=lazy(f"{_TRAIN}:eval_step"), compute=lazy(f"{_TRAIN}:compute")),
     synthetic_batch=lazy(f"{_INPUT}:synthetic_batch"),
     hparams=lazy(f"{_TRAIN}:hparams"),
+    partition_rules=lazy(f"{_TRAIN}:partition_rules"),
 )

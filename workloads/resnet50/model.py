@@ -12,6 +12,7 @@ import functools
 import flax.linen as nn
 import jax.numpy as jnp
 
+from mlbench.layers import BatchNorm
 from workloads.resnet50.config import ModelConfig, Stem
 
 # He initialisation over fan-out, as torchvision and the flax ImageNet example do.
@@ -24,14 +25,15 @@ class Bottleneck(nn.Module):
   width: int
   strides: int
   cfg: ModelConfig
+  bn_groups: int = 1
 
   @nn.compact
   def __call__(self, x_BHWC: jnp.ndarray, train: bool) -> jnp.ndarray:
     conv = functools.partial(nn.Conv, use_bias=False, kernel_init=_conv_init,
                              dtype=jnp.dtype(self.cfg.dtype.value))
-    norm = functools.partial(nn.BatchNorm, use_running_average=not train,
-                             momentum=self.cfg.bn_momentum, epsilon=self.cfg.bn_epsilon,
-                             dtype=jnp.dtype(self.cfg.dtype.value))
+    norm = functools.partial(BatchNorm, use_running_average=not train,
+                             num_groups=self.bn_groups, momentum=self.cfg.bn_momentum,
+                             epsilon=self.cfg.bn_epsilon, dtype=jnp.dtype(self.cfg.dtype.value))
     y = nn.relu(norm(name="bn1")(conv(self.width, (1, 1), name="conv1")(x_BHWC)))
     y = conv(self.width, (3, 3), strides=self.strides, padding=((1, 1), (1, 1)), name="conv2")(y)
     y = nn.relu(norm(name="bn2")(y))
@@ -46,7 +48,10 @@ class Bottleneck(nn.Module):
 
 
 class ResNet(nn.Module):
+  """ResNet v1.5; batch norm statistics over `bn_groups` groups of the batch (harness-set)."""
+
   cfg: ModelConfig
+  bn_groups: int = 1
 
   @nn.compact
   def __call__(self, x_BHWC: jnp.ndarray, train: bool) -> jnp.ndarray:
@@ -59,16 +64,17 @@ class ResNet(nn.Module):
     else:
       x = nn.Conv(cfg.width, (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
                   kernel_init=_conv_init, dtype=dtype, name="stem_conv")(x)
-    x = nn.BatchNorm(use_running_average=not train, momentum=cfg.bn_momentum,
-                     epsilon=cfg.bn_epsilon, dtype=dtype, name="stem_bn")(x)
+    x = BatchNorm(use_running_average=not train, num_groups=self.bn_groups,
+                  momentum=cfg.bn_momentum, epsilon=cfg.bn_epsilon, dtype=dtype,
+                  name="stem_bn")(x)
     x = nn.relu(x)
     if cfg.stem is Stem.IMAGENET:
       x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
     for stage, blocks in enumerate(cfg.stage_sizes):
       for block in range(blocks):
         strides = 2 if stage > 0 and block == 0 else 1
-        x = Bottleneck(cfg.width * 2 ** stage, strides, cfg, name=f"stage{stage + 1}_block{block + 1}")(
-            x, train)
+        x = Bottleneck(cfg.width * 2 ** stage, strides, cfg, self.bn_groups,
+                       name=f"stage{stage + 1}_block{block + 1}")(x, train)
     x_BC = jnp.mean(x, axis=(1, 2))
     logits_BK = nn.Dense(cfg.num_classes, kernel_init=nn.initializers.normal(0.01),
                          dtype=jnp.float32, name="fc")(x_BC.astype(jnp.float32))

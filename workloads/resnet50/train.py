@@ -28,10 +28,10 @@ def init(cfg: ResNetConfig, rng: jax.Array) -> tuple[Any, Any]:
 
 def loss(cfg: ResNetConfig, ctx: StepContext, params: Any, state: Any, batch: Any,
          rng: jax.Array) -> tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]:
-  """Label-smoothed cross-entropy; batch-norm statistics over the global batch."""
-  del ctx, rng  # One BN group; no dropout.
-  logits_BK, updates = ResNet(cfg.model).apply({"params": params, **state}, batch["image"],
-                                               train=True, mutable=["batch_stats"])
+  """Label-smoothed cross-entropy; batch-norm statistics over ctx.bn_groups groups."""
+  del rng  # No dropout.
+  logits_BK, updates = ResNet(cfg.model, ctx.bn_groups).apply(
+      {"params": params, **state}, batch["image"], train=True, mutable=["batch_stats"])
   labels_BK = jax.nn.one_hot(batch["label"], cfg.model.num_classes)
   smoothed = optax.smooth_labels(labels_BK, cfg.optimizer.label_smoothing)
   xent = optax.softmax_cross_entropy(logits_BK, smoothed).mean()
@@ -91,3 +91,15 @@ def hparams(cfg: ResNetConfig, sched: Schedule, ctx: StepContext) -> dict[str, A
   else:
     out["opt_learning_rate_warmup_epochs"] = o.warmup_epochs
   return out
+
+
+def partition_rules(cfg: ResNetConfig) -> list[tuple[str, Any]]:
+  """Model parallelism by annotation: every convolution's output channels over `model`.
+
+  Kernels are HWIO. With a `model` axis, GSPMD splits the channels of every
+  activation and inserts the collectives; on a data-only mesh nothing changes.
+  """
+  from jax.sharding import PartitionSpec as P
+
+  del cfg
+  return [(r"conv[^/]*/kernel$", P(None, None, None, "channels"))]

@@ -1,0 +1,49 @@
+"""Options shared by `run` and `check`: the mesh and the scaling techniques."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from mlbench.config import InputMode, parse_mesh
+
+
+def scaling_options(fn):
+  """Adds --mesh, --weight-update-sharding, --bn-group-size, --input-mode and the
+  multi-host options to a command."""
+  options = [
+      click.option("--mesh", metavar="AXIS=N,...", envvar="MLBENCH_MESH",
+                   help="Device mesh, e.g. data=4,model=2 (axes: data, model, expert). "
+                        "[default: every device on data]"),
+      click.option("--weight-update-sharding/--no-weight-update-sharding", default=False,
+                   envvar="MLBENCH_WEIGHT_UPDATE_SHARDING",
+                   help="Shard the optimizer state and the weight update over the "
+                        "data-parallel replicas."),
+      click.option("--bn-group-size", type=click.IntRange(min=1), envvar="MLBENCH_BN_GROUP_SIZE",
+                   help="Batch-norm statistics over groups of this many data-parallel devices. "
+                        "[default: the whole global batch]"),
+      click.option("--input-mode", type=click.Choice([m.value for m in InputMode]),
+                   default=InputMode.DETERMINISTIC.value, show_default=True,
+                   envvar="MLBENCH_INPUT_MODE",
+                   help="fast lets tf.data hand out elements out of order."),
+      click.option("--coordinator", metavar="HOST:PORT", envvar="MLBENCH_COORDINATOR",
+                   help="jax.distributed coordinator of a multi-host run (process 0's address)."),
+      click.option("--num-processes", type=click.IntRange(min=1), envvar="MLBENCH_NUM_PROCESSES",
+                   help="Processes in a multi-host run."),
+      click.option("--process-id", type=click.IntRange(min=0), envvar="MLBENCH_PROCESS_ID",
+                   help="This process's index in a multi-host run."),
+  ]
+  for option in reversed(options):
+    fn = option(fn)
+  return fn
+
+
+def scaling_config(values: dict[str, Any]) -> dict[str, Any]:
+  """RunConfig fields from the options above."""
+  return {"mesh": parse_mesh(values["mesh"]) if values["mesh"] else None,
+          "weight_update_sharding": values["weight_update_sharding"],
+          "bn_group_size": values["bn_group_size"],
+          "input_mode": InputMode(values["input_mode"]),
+          "coordinator": values["coordinator"], "num_processes": values["num_processes"],
+          "process_id": values["process_id"]}

@@ -1,0 +1,53 @@
+"""One process of a distributed evaluation (run by test_multihost.py, not collected).
+
+Evaluates ResNet-50 mini's initial state (seed 3) on the digits evaluation set
+over every device of every process, and prints the merged count and metrics
+from process 0 as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def main() -> None:
+  p = argparse.ArgumentParser()
+  p.add_argument("--data-dir", type=Path, required=True)
+  p.add_argument("--devices", type=int, default=1)
+  p.add_argument("--coordinator")
+  p.add_argument("--num-processes", type=int)
+  p.add_argument("--process-id", type=int)
+  args = p.parse_args()
+
+  from mlbench import runtime
+
+  rt = runtime.setup(cpu_devices=args.devices, distributed=runtime.Distributed(
+      args.coordinator, args.num_processes, args.process_id))
+
+  from mlbench import data, evaluate, mesh as mesh_lib, steps
+  from mlbench.workload import Split, StepContext
+  from workloads.resnet50 import WORKLOAD, config, input_pipeline
+
+  cfg = config.mini()
+  sched = WORKLOAD.schedule(cfg)
+  mesh = mesh_lib.make_mesh(devices=rt.devices)
+  programs = steps.compile_programs(WORKLOAD, cfg, sched, mesh, StepContext(mesh=mesh),
+                                    WORKLOAD.optimizer(cfg, sched))
+  state = programs.init_state(3)
+  ds = data.eval_dataset(input_pipeline.files(cfg, args.data_dir, Split.EVAL),
+                         input_pipeline.decode(cfg, Split.EVAL), num_examples=sched.eval_examples,
+                         per_host_batch=sched.eval_batch_size // rt.process_count,
+                         host=rt.process_index, hosts=rt.process_count)
+  put = lambda b: mesh_lib.to_global(b, programs.batch_sharding, sched.eval_batch_size)
+  metrics, part = evaluate.evaluate(WORKLOAD, cfg, programs.eval, state,
+                                    data.prefetch(data.numpy_batches(ds), put),
+                                    sched.eval_examples)
+  if rt.is_leader:
+    print(json.dumps({"count": part.count, "devices": len(rt.devices),
+                      "processes": rt.process_count, **metrics}))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,92 @@
+"""Scaling features are the plain computation, distributed: same numbers, less memory.
+
+On 8 simulated devices: weight-update sharding (LARS and Adam) and model
+parallelism by annotation give the parameters of replicated data parallelism
+after 5 steps; distributed evaluation counts every example exactly once on 1, 2
+and 8 devices with the same metric.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from mlbench import data, evaluate, mesh as mesh_lib, steps
+from mlbench.workload import Split, StepContext
+from workloads.resnet50 import WORKLOAD, config, input_pipeline
+
+pytestmark = pytest.mark.slow  # Several compilations for 8 devices: about two minutes.
+
+
+def _train(workload, mesh_shape, *, wus=False, steps_n=5, devices=None):
+  cfg = config.mini()
+  sched = workload.schedule(cfg)
+  mesh = mesh_lib.make_mesh(mesh_shape, devices=devices)
+  programs = steps.compile_programs(workload, cfg, sched, mesh, StepContext(mesh=mesh),
+                                    workload.optimizer(cfg, sched), weight_update_sharding=wus)
+  state = programs.init_state(0)
+  rng = np.random.default_rng(0)
+  for _ in range(steps_n):
+    batch = workload.synthetic_batch(cfg, Split.TRAIN, sched.global_batch_size, rng)
+    state, _ = programs.train(state, programs.fresh_sums(),
+                              mesh_lib.to_global(batch, programs.batch_sharding,
+                                                 sched.global_batch_size))
+    jax.block_until_ready(state)
+  return jax.device_get(state.params), programs
+
+
+def _assert_same_params(a, b, rtol=1e-5):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    scale = max(np.abs(y).max(), 1e-6)
+    assert np.abs(x - y).max() / scale <= rtol
+
+
+ADAM = dataclasses.replace(WORKLOAD, optimizer=lambda cfg, sched: optax.adam(1e-3))
+
+
+@pytest.mark.parametrize("workload", [WORKLOAD, ADAM], ids=["lars", "adam"])
+def test_weight_update_sharding_is_data_parallelism_with_an_eighth_of_the_state(workload):
+  plain, p_plain = _train(workload, {"data": 8})
+  sharded, p_wus = _train(workload, {"data": 8}, wus=True)
+  _assert_same_params(sharded, plain)
+  ratio = p_wus.opt_state_bytes / p_plain.opt_state_bytes
+  assert p_plain.opt_state_bytes == p_plain.opt_state_bytes_replicated
+  assert 1 / 8 <= ratio <= 1 / 8 * 1.03, ratio  # Leaves 8 does not divide stay whole.
+
+
+def test_model_parallelism_by_annotation_is_the_same_computation():
+  data_only, _ = _train(WORKLOAD, {"data": 8})
+  both, programs = _train(WORKLOAD, {"data": 4, "model": 2})
+  _assert_same_params(both, data_only)
+  kernel = programs.state_sharding.params["stage4_block1"]["conv3"]["kernel"]
+  assert kernel.spec == jax.sharding.PartitionSpec(None, None, None, "model")
+
+
+def _evaluate(data_dir, n):
+  cfg = config.mini()
+  sched = WORKLOAD.schedule(cfg)
+  mesh = mesh_lib.make_mesh({"data": n}, devices=jax.devices()[:n])
+  programs = steps.compile_programs(WORKLOAD, cfg, sched, mesh, StepContext(mesh=mesh),
+                                    WORKLOAD.optimizer(cfg, sched))
+  state = programs.init_state(3)
+  ds = data.eval_dataset(input_pipeline.files(cfg, data_dir, Split.EVAL),
+                         input_pipeline.decode(cfg, Split.EVAL), num_examples=sched.eval_examples,
+                         per_host_batch=sched.eval_batch_size, host=0, hosts=1)
+  put = lambda b: mesh_lib.to_global(b, programs.batch_sharding, sched.eval_batch_size)
+  return evaluate.evaluate(WORKLOAD, cfg, programs.eval, state,
+                           data.prefetch(data.numpy_batches(ds), put), sched.eval_examples)
+
+
+def test_distributed_evaluation_counts_every_example_once(data_dir):
+  # The same initial state on every mesh (JAX's rng does not depend on sharding).
+  single, part = _evaluate(data_dir, 1)
+  assert part.count == 540  # 5 batches of 128, the last one padded with 100 masked rows
+  for n in (2, 8):
+    metrics, part = _evaluate(data_dir, n)
+    assert part.count == 540
+    assert metrics["accuracy"] == single["accuracy"]
+    assert metrics["loss"] == pytest.approx(single["loss"], rel=1e-6)
