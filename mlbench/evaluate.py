@@ -49,7 +49,6 @@ def across_processes(part: EvalPart) -> EvalPart:
 
   if jax.process_count() == 1:
     return part
-  from jax.experimental import multihost_utils as mhu
 
   sums = {k: _allgather_exact(np.asarray(v)).sum(axis=0) for k, v in part.sums.items()}
   count = int(_allgather_exact(np.asarray(part.count, np.int64)).sum())
