@@ -6,6 +6,11 @@ lars_optimizer.py, and Google's JAX submissions) uses
 eta*||w|| / (||g|| + wd*||w|| + eps) and applies momentum to the learning-rate
 scaled update. `mlperf_lars` reproduces the reference exactly; batch-norm and
 bias parameters skip both weight decay and the trust ratio (plain momentum).
+
+`optax.lamb(mask=)` masks only the weight decay and still applies the trust
+ratio to LayerNorm and bias parameters; the MLPerf BERT reference
+(language_model/tensorflow/bert optimization.py and lamb_optimizer_v1.py)
+excludes them from both. `mlperf_lamb` reproduces the reference.
 """
 
 from __future__ import annotations
@@ -90,6 +95,62 @@ def sgd_momentum(learning_rate: optax.ScalarOrSchedule, *, momentum: float, weig
   )
 
 
+def name_mask(exclude: tuple[str, ...]) -> Mask:
+  """A mask that is False for parameters whose path contains any of `exclude`.
+
+  The MLPerf BERT reference's `exclude_from_weight_decay` (and layer adaptation):
+  ("LayerNorm", "layer_norm", "bias"), matched against parameter names.
+  """
+  from mlbench.sharding import path_str
+
+  def mask(params: Any) -> Any:
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: not any(x in path_str(path) for x in exclude), params)
+
+  return mask
+
+
 def kernel_mask(params: Any) -> Any:
   """True for weight matrices and conv kernels (ndim > 1), False for biases and norms."""
   return jax.tree.map(lambda p: p.ndim > 1, params)
+
+
+def bert_lr_schedule(base_lr: float, *, warmup_steps: int, start_warmup_step: int,
+                     train_steps: int, power: float = 1.0, end_lr: float = 0.0) -> optax.Schedule:
+  """The MLPerf BERT schedule: polynomial decay with a linear warmup that may start early.
+
+  lr(t) = base * (t - start_warmup_step) / warmup_steps   while t - start_warmup_step < warmup
+        = (base - end) * (1 - min(t, train_steps) / train_steps)^power + end   otherwise,
+  with t the number of updates already applied (0 for the first). A negative
+  `start_warmup_step` means the warmup began before step 0 (Google's pod runs).
+  """
+
+  def schedule(count: jax.Array) -> jax.Array:
+    t = jnp.asarray(count, jnp.float32)
+    frac = jnp.minimum(t, train_steps) / train_steps
+    decayed = (base_lr - end_lr) * (1.0 - frac) ** power + end_lr
+    if not warmup_steps:
+      return decayed
+    since = t - start_warmup_step
+    return jnp.where(since < warmup_steps, base_lr * since / warmup_steps, decayed)
+
+  return schedule
+
+
+def mlperf_lamb(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: float,
+                weight_decay: float, mask: Mask, clip_norm: float = 1.0
+                ) -> optax.GradientTransformation:
+  """LAMB exactly as the MLPerf BERT reference computes it.
+
+  g <- g * min(1, clip / ||g||_global);  m, v <- Adam moments of g
+  u <- m_hat / (sqrt(v_hat) + eps) + wd * w               (wd only where `mask`)
+  w <- w - lr * (||w|| / ||u||) * u                        (trust ratio only where `mask`;
+                                                            1 where either norm is 0)
+  """
+  return optax.chain(
+      optax.clip_by_global_norm(clip_norm),
+      optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+      optax.add_decayed_weights(weight_decay, mask),
+      optax.masked(optax.scale_by_trust_ratio(), mask),
+      optax.scale_by_learning_rate(learning_rate),
+  )

@@ -46,6 +46,16 @@ def data_dir(_cache_dir) -> Path:
   return path
 
 
+@pytest.fixture(scope="session")
+def bert_data_dir(_cache_dir) -> Path:
+  """The BERT mini dataset (pydoc TFRecords), generated once per session."""
+  from workloads.bert import WORKLOAD, config
+
+  path = _cache_dir / "data"
+  WORKLOAD.input.prepare(config.mini(), path)
+  return path
+
+
 def _run_mlbench(*args: str, cwd: Path | None = None, env: dict | None = None,
                  timeout: float = 900) -> subprocess.CompletedProcess:
   full_env = {**os.environ, **(env or {})}

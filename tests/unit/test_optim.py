@@ -1,4 +1,4 @@
-"""MLPerf LARS and its schedule against a NumPy transcription of the reference.
+"""MLPerf LARS and LAMB and their schedules against NumPy transcriptions of the references.
 
 The transcription follows mlcommons/training image_classification/tensorflow2:
 lars_optimizer.py (compute_lr, _resource_apply_dense) and lars_util.py
@@ -93,3 +93,92 @@ def test_sgd_momentum_decays_only_kernels():
   updates, _ = tx.update(g, tx.init(w), w)
   np.testing.assert_allclose(updates["kernel"], -0.05 * np.ones((2, 2)), rtol=1e-6)
   np.testing.assert_allclose(updates["bias"], np.zeros(2))
+
+
+# LAMB: a NumPy transcription of mlcommons/training language_model/tensorflow/bert
+# optimization.py (create_optimizer: polynomial decay, warmup from start_warmup_step,
+# clip_by_global_norm 1.0) and lamb_optimizer_v1.py (_apply_dense), float64.
+
+EXCLUDE = ("LayerNorm", "layer_norm", "bias")
+
+
+def reference_bert_lr(step, base, warmup, start, train_steps, power=1.0, end=0.0):
+  lr = (base - end) * (1 - min(step, train_steps) / train_steps) ** power + end
+  if warmup and step - start < warmup:
+    lr = base * (step - start) / warmup
+  return lr
+
+
+def reference_lamb_step(ws, ms, vs, grads, names, step, lr, *, b1, b2, eps, wd, clip=1.0):
+  norm = np.sqrt(sum((g ** 2).sum() for g in grads))
+  grads = [g * clip / max(norm, clip) for g in grads]
+  t = step + 1
+  for i, (w, g, name) in enumerate(zip(ws, grads, names)):
+    ms[i] = b1 * ms[i] + (1 - b1) * g
+    vs[i] = b2 * vs[i] + (1 - b2) * g * g
+    update = (ms[i] / (1 - b1 ** t)) / (np.sqrt(vs[i] / (1 - b2 ** t)) + eps)
+    excluded = any(x in name for x in EXCLUDE)
+    ratio = 1.0
+    if not excluded:
+      update = update + wd * w
+      w_norm, u_norm = np.linalg.norm(w), np.linalg.norm(update)
+      ratio = w_norm / u_norm if w_norm > 0 and u_norm > 0 else 1.0
+    ws[i] = w - ratio * lr * update
+
+
+def _bert_params(rng):
+  return {"layer_0": {"attention": {"query": {"kernel": 0.02 * rng.standard_normal((8, 2, 4)),
+                                              "bias": np.zeros((2, 4))}},
+                      "attention_layer_norm": {"scale": np.ones(8),
+                                               "bias": 0.01 * rng.standard_normal(8)}},
+          "word_embeddings": {"embedding": 0.02 * rng.standard_normal((16, 8))},
+          "mlm_output_bias": np.zeros(16)}
+
+
+@pytest.mark.parametrize("warmup, start, train_steps", [(287, -76, 600), (0, 0, 50), (5, 0, 12)])
+def test_bert_schedule_matches_the_reference_at_every_step(warmup, start, train_steps):
+  sched = optim.bert_lr_schedule(0.00288293, warmup_steps=warmup, start_warmup_step=start,
+                                 train_steps=train_steps)
+  ours = np.asarray(jax.vmap(sched)(jnp.arange(train_steps + 3)))
+  ref = np.array([reference_bert_lr(s, 0.00288293, warmup, start, train_steps)
+                  for s in range(train_steps + 3)])
+  np.testing.assert_allclose(ours, ref, rtol=2e-6, atol=1e-10)
+
+
+@pytest.mark.parametrize("grad_scale", [0.01, 10.0], ids=["unclipped", "clipped"])
+def test_mlperf_lamb_matches_the_reference_for_every_parameter_kind(grad_scale):
+  rng = np.random.default_rng(0)
+  params = _bert_params(rng)
+  names = ["/".join(str(k.key) for k in path)
+           for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+  grads = [jax.tree.map(lambda p: grad_scale * rng.standard_normal(p.shape), params)
+           for _ in range(6)]
+  sched = optim.bert_lr_schedule(0.05, warmup_steps=3, start_warmup_step=-1, train_steps=8)
+  tx = optim.mlperf_lamb(sched, b1=0.88, b2=0.88, eps=1e-6, weight_decay=0.0166629,
+                         mask=optim.name_mask(EXCLUDE))
+  ours = jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params)
+  state = tx.init(ours)
+  ws = [np.array(x) for x in jax.tree.leaves(params)]
+  ms, vs = [np.zeros_like(w) for w in ws], [np.zeros_like(w) for w in ws]
+  for step, g in enumerate(grads):
+    updates, state = tx.update(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), g), state, ours)
+    ours = optax.apply_updates(ours, updates)
+    reference_lamb_step(ws, ms, vs, jax.tree.leaves(g), names, step,
+                        reference_bert_lr(step, 0.05, 3, -1, 8), b1=0.88, b2=0.88, eps=1e-6,
+                        wd=0.0166629)
+  for name, ours_leaf, ref_leaf in zip(names, jax.tree.leaves(ours), ws):
+    np.testing.assert_allclose(np.asarray(ours_leaf), ref_leaf, rtol=2e-5, atol=2e-7,
+                               err_msg=name)
+
+
+def test_optax_lamb_adapts_layer_norm_where_the_reference_does_not():
+  """Why mlbench ships its own: optax.lamb(mask=) masks only the weight decay."""
+  rng = np.random.default_rng(2)
+  w = {"layer_norm": {"scale": jnp.asarray(1 + 0.1 * rng.standard_normal(8), jnp.float32)}}
+  g = {"layer_norm": {"scale": jnp.asarray(rng.standard_normal(8), jnp.float32)}}
+  mask = optim.name_mask(EXCLUDE)
+  ours = optim.mlperf_lamb(1.0, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, mask=mask)
+  theirs = optax.lamb(1.0, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, mask=mask)
+  u1, _ = ours.update(g, ours.init(w), w)
+  u2, _ = theirs.update(g, theirs.init(w), w)
+  assert float(jnp.max(jnp.abs(u1["layer_norm"]["scale"] - u2["layer_norm"]["scale"]))) > 1e-3

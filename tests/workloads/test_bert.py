@@ -1,0 +1,120 @@
+"""BERT specifics: BERT-large's size, the MLPerf TFRecord schema, the pydoc mini data."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from mlbench import data, sharding, steps
+from mlbench.workload import Split, StepContext
+from workloads.bert import WORKLOAD, config, input_pipeline, pretraining_data, pydoc
+
+HEADS = ("mlm_transform", "mlm_layer_norm", "mlm_output_bias", "next_sentence")
+
+
+def test_full_model_has_the_published_bert_large_parameter_count():
+  # 335,141,888: BERT-large (uncased_L-24_H-1024_A-16, vocab 30522, 512 positions)
+  # as google-research/bert's BertModel builds it, embeddings + 24 layers + pooler;
+  # the count Hugging Face reports for bert-large-uncased's BertModel. The
+  # pretraining heads add the masked-LM transform (1,049,600), its LayerNorm
+  # (2,048), the output bias (30,522; the decoder is the tied word embedding)
+  # and the next-sentence classifier (2,050): 336,226,108.
+  cfg = config.full()
+  shapes = jax.eval_shape(lambda: WORKLOAD.init(cfg, jax.random.key(0)))[0]
+  sizes = {sharding.path_str(p): int(np.prod(x.shape))
+           for p, x in jax.tree_util.tree_flatten_with_path(shapes)[0]}
+  encoder = sum(n for k, n in sizes.items() if not k.startswith(HEADS))
+  assert encoder == 335_141_888
+  assert steps.count_params(WORKLOAD, cfg) == 336_226_108
+
+
+def _decoded(cfg, files):
+  ds = data.eval_dataset(files, input_pipeline.decode(cfg, Split.EVAL), num_examples=10 ** 9,
+                         per_host_batch=1, host=0, hosts=1)
+  out = []
+  for batch in data.numpy_batches(ds.take_while(lambda b: b[data.MASK][0] > 0)):
+    out.append({k: v[0] for k, v in batch.items() if k != data.MASK})
+  return out
+
+
+def test_pretraining_examples_round_trip_through_tfrecords(tmp_path):
+  rng = np.random.default_rng(0)
+  docs = [[list(rng.integers(5, 50, rng.integers(3, 12))) for _ in range(8)] for _ in range(4)]
+  special = {t: i for i, t in enumerate(pretraining_data.SPECIAL)}
+  masking = pretraining_data.Masking(max_seq_length=32, max_predictions_per_seq=5)
+  written = pretraining_data.examples(docs, special, 50, masking, dupe_factor=2, seed=1)
+  files = data.write_tfrecords(str(tmp_path / "part-{index:05d}-of-{count:05d}"),
+                               iter(written), num_shards=1)
+  cfg = dataclasses.replace(config.mini(), data=dataclasses.replace(
+      config.mini().data, max_seq_length=32, max_predictions_per_seq=5))
+  read = _decoded(cfg, files)
+  assert len(read) == len(written) > 10
+  for ours, theirs in zip(read, written):
+    assert set(ours) == set(theirs)
+    for key in theirs:
+      np.testing.assert_array_equal(ours[key], theirs[key].reshape(ours[key].shape), err_msg=key)
+      assert ours[key].dtype == (np.float32 if key == "masked_lm_weights" else np.int32)
+
+
+def test_masking_follows_the_80_10_10_rule():
+  special = {t: i for i, t in enumerate(pretraining_data.SPECIAL)}
+  masking = pretraining_data.Masking(max_seq_length=128, max_predictions_per_seq=20)
+  rng = np.random.default_rng(3)
+  kinds = collections.Counter()
+  for _ in range(400):
+    tokens = [2, *rng.integers(5, 1000, 100).tolist(), 3]
+    masked, positions, labels = pretraining_data.mask_tokens(tokens, special, 1000, masking, rng)
+    assert len(positions) == 15 and positions == sorted(positions)  # round(0.15 * 102)
+    assert 0 not in positions and 101 not in positions  # never [CLS] or [SEP]
+    assert labels == [tokens[i] for i in positions]
+    for i in positions:
+      kinds["mask" if masked[i] == special["[MASK]"] else
+            "kept" if masked[i] == tokens[i] else "random"] += 1
+  total = sum(kinds.values())
+  assert 0.78 < kinds["mask"] / total < 0.82
+  assert 0.08 < kinds["kept"] / total < 0.12 and 0.08 < kinds["random"] / total < 0.12
+
+
+def test_the_mini_data_is_real_text_in_the_mlperf_schema(bert_data_dir):
+  cfg = config.mini()
+  train = input_pipeline.files(cfg, bert_data_dir, Split.TRAIN)
+  evals = input_pipeline.files(cfg, bert_data_dir, Split.EVAL)
+  assert len(train) == 8 and len(evals) == 1
+  vocab = (bert_data_dir / input_pipeline.PYDOC_DIR / "vocab.txt").read_text().split("\n")
+  assert vocab[:5] == list(pretraining_data.SPECIAL) and len(vocab) - 1 == cfg.model.vocab_size
+  examples = _decoded(cfg, evals)
+  assert len(examples) == cfg.data.eval_examples
+  nsp = []
+  for ex in examples:
+    n = int(ex["input_mask"].sum())
+    ids = ex["input_ids"][:n]
+    assert ids[0] == 2 and ids[-1] == 3 and (ids == 3).sum() == 2  # [CLS] A [SEP] B [SEP]
+    weights = ex["masked_lm_weights"]
+    predicted = ex["masked_lm_positions"][weights > 0]
+    assert len(predicted) == min(cfg.data.max_predictions_per_seq, max(1, round(0.15 * n)))
+    assert ((predicted > 0) & (predicted < n - 1)).all()
+    nsp.append(int(ex["next_sentence_labels"]))
+  assert 0.4 < np.mean(nsp) < 0.6
+  words = " ".join(vocab[i] for i in examples[0]["input_ids"][:20])
+  assert any(w in vocab for w in ("the", "python", "function")), words
+
+
+def test_the_held_out_blocks_are_a_tenth_and_fixed():
+  train, held_out = pydoc.topics()
+  lines = (sum(map(len, train)), sum(map(len, held_out)))
+  assert 0.08 < lines[1] / sum(lines) < 0.12
+  assert pydoc.topics()[1] == held_out
+
+
+@pytest.mark.parametrize("name", ["mini", "full"])
+def test_flops_per_example_agree_with_xla_within_a_fifth(name):
+  cfg = WORKLOAD.configs[name]()
+  if name == "full":  # Two layers of BERT-large are enough to compare the formulas.
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_layers=2))
+  counted_by_xla = dataclasses.replace(WORKLOAD, flops_per_example=None)
+  xla = steps.flops_per_example(counted_by_xla, cfg, StepContext(mesh=None))
+  assert xla == pytest.approx(WORKLOAD.flops_per_example(cfg), rel=0.2)

@@ -1,0 +1,107 @@
+"""BERT: a post-LayerNorm Transformer encoder with masked-LM and next-sentence heads.
+
+The architecture of google-research/bert's `modeling.py` (and the MLPerf
+reference): word + position + token-type embeddings, LayerNorm; per layer
+self-attention and a GELU MLP, each followed by dropout, a residual add and
+LayerNorm; a tanh pooler over [CLS]. The masked-LM head (dense, GELU,
+LayerNorm, then the word embeddings transposed plus a bias) runs only at the
+masked positions. Parameter names are what the partition rules match.
+
+Shape suffixes: B batch, L sequence, P masked positions, H hidden, N heads,
+D head size, F intermediate, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from workloads.bert.config import ModelConfig
+
+
+def _init(cfg: ModelConfig) -> Any:
+  return nn.initializers.truncated_normal(cfg.initializer_range)
+
+
+def _dtype(cfg: ModelConfig) -> Any:
+  return jnp.dtype(cfg.dtype.value)
+
+
+class SelfAttention(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BLH: jax.Array, bias_B11L: jax.Array, deterministic: bool) -> jax.Array:
+    c = self.cfg
+    head = c.hidden_size // c.num_heads
+    proj = functools.partial(nn.DenseGeneral, features=(c.num_heads, head), kernel_init=_init(c),
+                             dtype=_dtype(c))
+    q_BLND = proj(name="query")(x_BLH)
+    k_BLND = proj(name="key")(x_BLH)
+    v_BLND = proj(name="value")(x_BLH)
+    q_BLND = q_BLND / jnp.sqrt(head).astype(q_BLND.dtype)
+    logits_BNLL = jnp.einsum("bqnd,bknd->bnqk", q_BLND, k_BLND)
+    probs_BNLL = jax.nn.softmax(logits_BNLL.astype(jnp.float32) + bias_B11L, axis=-1)
+    probs_BNLL = nn.Dropout(c.dropout)(probs_BNLL, deterministic=deterministic)
+    out_BLND = jnp.einsum("bnqk,bknd->bqnd", probs_BNLL.astype(v_BLND.dtype), v_BLND)
+    return nn.DenseGeneral(c.hidden_size, axis=(-2, -1), kernel_init=_init(c), dtype=_dtype(c),
+                           name="output")(out_BLND)
+
+
+class Layer(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BLH: jax.Array, bias_B11L: jax.Array, deterministic: bool) -> jax.Array:
+    c = self.cfg
+    dense = functools.partial(nn.Dense, kernel_init=_init(c), dtype=_dtype(c))
+    norm = functools.partial(nn.LayerNorm, epsilon=c.layer_norm_epsilon, dtype=_dtype(c))
+    drop = functools.partial(nn.Dropout(c.dropout), deterministic=deterministic)
+    attended = SelfAttention(c, name="attention")(x_BLH, bias_B11L, deterministic)
+    x_BLH = norm(name="attention_layer_norm")(x_BLH + drop(attended))
+    h_BLF = nn.gelu(dense(c.intermediate_size, name="intermediate")(x_BLH), approximate=False)
+    out_BLH = dense(c.hidden_size, name="output")(h_BLF)
+    return norm(name="output_layer_norm")(x_BLH + drop(out_BLH))
+
+
+class Bert(nn.Module):
+  """`(masked-LM logits [B, P, V], next-sentence logits [B, 2])`, both float32."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, batch: dict[str, jax.Array], deterministic: bool = True
+               ) -> tuple[jax.Array, jax.Array]:
+    c = self.cfg
+    embed = functools.partial(nn.Embed, features=c.hidden_size, embedding_init=_init(c))
+    word = embed(c.vocab_size, name="word_embeddings")
+    ids_BL = batch["input_ids"]
+    x_BLH = (word(ids_BL)
+             + embed(c.max_position_embeddings, name="position_embeddings")(
+                 jnp.arange(ids_BL.shape[1])[None])
+             + embed(c.type_vocab_size, name="token_type_embeddings")(batch["segment_ids"]))
+    x_BLH = nn.LayerNorm(epsilon=c.layer_norm_epsilon, name="embeddings_layer_norm")(x_BLH)
+    x_BLH = nn.Dropout(c.dropout)(x_BLH, deterministic=deterministic).astype(_dtype(c))
+    bias_B11L = jnp.where(batch["input_mask"][:, None, None, :] > 0, 0.0, -1e9)
+    for i in range(c.num_layers):
+      x_BLH = Layer(c, name=f"layer_{i}")(x_BLH, bias_B11L, deterministic)
+    return self._masked_lm(x_BLH, batch["masked_lm_positions"], word), self._next_sentence(x_BLH)
+
+  def _masked_lm(self, x_BLH: jax.Array, positions_BP: jax.Array, word: nn.Embed) -> jax.Array:
+    c = self.cfg
+    x_BPH = jnp.take_along_axis(x_BLH, positions_BP[..., None], axis=1)
+    x_BPH = nn.gelu(nn.Dense(c.hidden_size, kernel_init=_init(c), dtype=_dtype(c),
+                             name="mlm_transform")(x_BPH), approximate=False)
+    x_BPH = nn.LayerNorm(epsilon=c.layer_norm_epsilon, name="mlm_layer_norm")(x_BPH)
+    bias_V = self.param("mlm_output_bias", nn.initializers.zeros, (c.vocab_size,))
+    return word.attend(x_BPH.astype(jnp.float32)) + bias_V
+
+  def _next_sentence(self, x_BLH: jax.Array) -> jax.Array:
+    c = self.cfg
+    pooled_BH = jnp.tanh(nn.Dense(c.hidden_size, kernel_init=_init(c), dtype=_dtype(c),
+                                  name="pooler")(x_BLH[:, 0]))
+    return nn.Dense(2, kernel_init=_init(c), name="next_sentence")(pooled_BH).astype(jnp.float32)

@@ -1,0 +1,135 @@
+"""BERT's pure functions for the harness: init, loss, eval, optimizer, logged keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from mlbench import optim
+from mlbench.workload import EvalPart, Schedule, StepContext
+from workloads.bert.config import BertConfig
+from workloads.bert.input_pipeline import feature_shapes
+from workloads.bert.model import Bert
+
+
+EXCLUDE = ("LayerNorm", "layer_norm", "bias")
+"""The reference's exclude_from_weight_decay: no weight decay, no trust ratio."""
+
+
+def schedule(cfg: BertConfig) -> Schedule:
+  """The step budget is `opt_learning_rate_training_steps`. BERT has no epochs: like
+  Google's pod submissions, the full config logs that budget as train_samples."""
+  budget = cfg.optimizer.train_steps * cfg.global_batch_size
+  return Schedule(global_batch_size=cfg.global_batch_size, eval_batch_size=cfg.eval_batch_size,
+                  train_examples=cfg.data.train_examples or budget,
+                  eval_examples=cfg.data.eval_examples, max_train_samples=budget)
+
+
+def init(cfg: BertConfig, rng: jax.Array) -> tuple[Any, Any]:
+  batch = {k: jnp.zeros((1, *shape), jnp.int32) for k, shape in feature_shapes(cfg).items()}
+  return Bert(cfg.model).init(rng, batch)["params"], {}
+
+
+def _masked_lm(logits_BPV: jax.Array, batch: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Per example: (weighted NLL sum, weighted hits, weight sum) over the masked positions."""
+  ids_BP, w_BP = batch["masked_lm_ids"], batch["masked_lm_weights"]
+  nll_BP = optax.softmax_cross_entropy_with_integer_labels(logits_BPV, ids_BP)
+  hits_BP = (jnp.argmax(logits_BPV, -1) == ids_BP).astype(jnp.float32)
+  return (nll_BP * w_BP).sum(-1), (hits_BP * w_BP).sum(-1), w_BP.sum(-1)
+
+
+def loss(cfg: BertConfig, ctx: StepContext, params: Any, state: Any, batch: Any,
+         rng: jax.Array) -> tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]:
+  """Masked-LM loss (mean over real predictions) plus next-sentence cross-entropy."""
+  del ctx
+  mlm_BPV, nsp_B2 = Bert(cfg.model).apply({"params": params}, batch, deterministic=False,
+                                          rngs={"dropout": rng})
+  nll, hits, weights = _masked_lm(mlm_BPV, batch)
+  mlm_loss = nll.sum() / (weights.sum() + 1e-5)
+  nsp_loss = optax.softmax_cross_entropy_with_integer_labels(
+      nsp_B2, batch["next_sentence_labels"]).mean()
+  return mlm_loss + nsp_loss, (state, {"mlm_accuracy": hits.sum() / (weights.sum() + 1e-5),
+                                       "nsp_loss": nsp_loss})
+
+
+def eval_step(cfg: BertConfig, ctx: StepContext, params: Any, state: Any,
+              batch: Any) -> dict[str, jax.Array]:
+  """Per example: masked-LM hits, weights and NLL, next-sentence hit."""
+  del ctx, state
+  mlm_BPV, nsp_B2 = Bert(cfg.model).apply({"params": params}, batch, deterministic=True)
+  nll, hits, weights = _masked_lm(mlm_BPV, batch)
+  nsp_hit = (jnp.argmax(nsp_B2, -1) == batch["next_sentence_labels"]).astype(jnp.float32)
+  return {"mlm_hits": hits, "mlm_weights": weights, "mlm_nll": nll, "nsp_hits": nsp_hit}
+
+
+def compute(cfg: BertConfig, part: EvalPart) -> dict[str, float]:
+  """Masked-LM accuracy over all masked tokens of the set (the MLPerf metric)."""
+  del cfg
+  weights = float(part.sums["mlm_weights"])
+  return {"accuracy": float(part.sums["mlm_hits"]) / weights,
+          "mlm_loss": float(part.sums["mlm_nll"]) / weights,
+          "nsp_accuracy": float(part.sums["nsp_hits"]) / part.count}
+
+
+def optimizer(cfg: BertConfig, sched: Schedule) -> optax.GradientTransformation:
+  del sched
+  o = cfg.optimizer
+  lr = optim.bert_lr_schedule(o.base_learning_rate, warmup_steps=o.warmup_steps,
+                              start_warmup_step=o.start_warmup_step, train_steps=o.train_steps,
+                              power=o.poly_power, end_lr=o.end_learning_rate)
+  return optim.mlperf_lamb(lr, b1=o.beta_1, b2=o.beta_2, eps=o.epsilon,
+                           weight_decay=o.weight_decay, mask=optim.name_mask(EXCLUDE),
+                           clip_norm=o.clip_norm)
+
+
+def hparams(cfg: BertConfig, sched: Schedule, ctx: StepContext) -> dict[str, Any]:
+  """The keys closed_bert.yaml requires, named as the reference logs them."""
+  del sched, ctx
+  o = cfg.optimizer
+  return {"opt_name": "lamb",
+          "opt_base_learning_rate": o.base_learning_rate,
+          "opt_lamb_epsilon": o.epsilon,
+          "opt_epsilon": o.epsilon,
+          "opt_learning_rate_training_steps": o.train_steps,
+          "opt_learning_rate_warmup_steps": o.warmup_steps,
+          "num_warmup_steps": o.warmup_steps,
+          "start_warmup_step": o.start_warmup_step,
+          "opt_lamb_beta_1": o.beta_1,
+          "opt_lamb_beta_2": o.beta_2,
+          "opt_lamb_weight_decay_rate": o.weight_decay,
+          "opt_lamb_learning_rate_decay_poly_power": o.poly_power,
+          "max_sequence_length": cfg.data.max_seq_length}
+
+
+def partition_rules(cfg: BertConfig) -> list[tuple[str, Any]]:
+  """Model parallelism by annotation (Megatron-style): attention heads and the MLP's
+  hidden units over `model`, the vocabulary of the tied embedding over `model`."""
+  from jax.sharding import PartitionSpec as P
+
+  del cfg
+  return [
+      (r"attention/(query|key|value)/kernel$", P("embed", "heads", "kv")),
+      (r"attention/(query|key|value)/bias$", P("heads", "kv")),
+      (r"attention/output/kernel$", P("heads", "kv", "embed")),
+      (r"intermediate/kernel$", P("embed", "mlp")),
+      (r"intermediate/bias$", P("mlp")),
+      (r"layer_\d+/output/kernel$", P("mlp", "embed")),
+      (r"word_embeddings/embedding$", P("vocab", "embed")),
+  ]
+
+
+def flops_per_example(cfg: BertConfig) -> float:
+  """Model FLOPs of one training example: 3x (forward + backward) the forward matmuls.
+
+  Per layer: QKV and output projections 8*L*H^2, attention scores and values
+  4*L^2*H, MLP 4*L*H*F; the masked-LM head 2*P*H*(H + V); the pooler and
+  next-sentence head are negligible.
+  """
+  m, d = cfg.model, cfg.data
+  seq, hidden = d.max_seq_length, m.hidden_size
+  layer = 8 * seq * hidden ** 2 + 4 * seq ** 2 * hidden + 4 * seq * hidden * m.intermediate_size
+  head = 2 * d.max_predictions_per_seq * hidden * (hidden + m.vocab_size)
+  return 3.0 * (m.num_layers * layer + head)
