@@ -99,8 +99,10 @@ def test_the_mini_data_is_real_text_in_the_mlperf_schema(bert_data_dir):
     assert ((predicted > 0) & (predicted < n - 1)).all()
     nsp.append(int(ex["next_sentence_labels"]))
   assert 0.4 < np.mean(nsp) < 0.6
-  words = " ".join(vocab[i] for i in examples[0]["input_ids"][:20])
-  assert any(w in vocab for w in ("the", "python", "function")), words
+  # Real English: "the" is among the most frequent tokens of the unmasked input.
+  tokens = collections.Counter(int(i) for ex in examples[:200] for i in ex["input_ids"] if i > 4)
+  top = [vocab[i] for i, _ in tokens.most_common(10)]
+  assert "the" in top, top
 
 
 def test_the_held_out_blocks_are_a_tenth_and_fixed():
