@@ -16,8 +16,13 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import json
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +30,8 @@ import numpy as np
 from mlbench.errors import UserError
 
 MASK = "mask"
+MANIFEST = "dataset.json"
+"""Written last into a generated dataset folder: its presence means the folder is complete."""
 
 
 @functools.cache
@@ -165,6 +172,37 @@ def prefetch(batches: Iterable[Any], put: Callable[[Any], Any], depth: int = 2) 
       yield queue.popleft()
   while queue:
     yield queue.popleft()
+
+
+def is_generated(folder: Path) -> bool:
+  """Whether `write_dataset` has completed `folder`."""
+  return (Path(folder) / MANIFEST).is_file()
+
+
+def write_dataset(folder: Path, write: Callable[[Path], Mapping[str, Any]]) -> None:
+  """Generates a dataset folder once, atomically, for the mini configs' `prepare`.
+
+  `write(tmp)` fills a fresh temporary folder beside `folder` and returns a
+  description of what it wrote, saved as `dataset.json`; then the temporary
+  folder becomes `folder` in one rename, so a reader never sees half a dataset
+  and an interrupted run leaves nothing behind under the real name. Does
+  nothing if `folder` is already complete. If another process finishes first,
+  its (identical) folder is kept.
+  """
+  folder = Path(folder)
+  if is_generated(folder):
+    return
+  folder.parent.mkdir(parents=True, exist_ok=True)
+  tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
+  try:
+    description = write(tmp)
+    (tmp / MANIFEST).write_text(json.dumps(dict(description), indent=2))
+    os.rename(tmp, folder)
+  except OSError:
+    if not is_generated(folder):
+      raise
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_tfrecords(path_pattern: str, examples: Iterable[dict[str, Any]], num_shards: int) -> list[str]:

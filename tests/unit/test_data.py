@@ -83,3 +83,28 @@ def test_prefetch_keeps_order_and_yields_everything():
 
   out = list(data.prefetch(iter(range(5)), put, depth=2))
   assert out == [(i, i * 10) for i in range(5)] and put_calls == list(range(5))
+
+
+def test_a_generated_dataset_appears_whole_once_and_a_failed_one_leaves_nothing(tmp_path):
+  folder = tmp_path / "sets" / "mini"
+  calls = []
+
+  def write(tmp):
+    calls.append(tmp)
+    (tmp / "part-0").write_text("rows")
+    return {"rows": 1}
+
+  data.write_dataset(folder, write)
+  data.write_dataset(folder, write)  # Already complete: not written again.
+  assert len(calls) == 1 and data.is_generated(folder)
+  assert (folder / "part-0").read_text() == "rows"
+  assert sorted(p.name for p in folder.parent.iterdir()) == ["mini"]
+
+  def fail(tmp):
+    (tmp / "part-0").write_text("half")
+    raise RuntimeError("interrupted")
+
+  other = tmp_path / "sets" / "other"
+  with pytest.raises(RuntimeError):
+    data.write_dataset(other, fail)
+  assert sorted(p.name for p in other.parent.iterdir()) == ["mini"]

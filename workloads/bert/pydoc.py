@@ -14,11 +14,8 @@ The folder is written once, atomically; later runs reuse it.
 
 from __future__ import annotations
 
-import json
-import os
+import functools
 import platform
-import shutil
-import tempfile
 from pathlib import Path
 
 from mlbench import data
@@ -97,9 +94,10 @@ def prepare(cfg: BertConfig, data_dir: Path) -> None:
   """
   if cfg.data.source is not Source.PYDOC:
     return
-  target = dataset_dir(cfg, Path(data_dir))
-  if (target / "dataset.json").is_file():
-    return
+  data.write_dataset(dataset_dir(cfg, Path(data_dir)), functools.partial(_write, cfg))
+
+
+def _write(cfg: BertConfig, folder: Path) -> dict[str, object]:
   train_texts, eval_texts = topics()
   tokenizer = train_tokenizer(["\n".join(d) for d in train_texts], cfg.model.vocab_size)
   vocab = tokenizer.get_vocab()
@@ -107,21 +105,14 @@ def prepare(cfg: BertConfig, data_dir: Path) -> None:
   masking = ptd.Masking(cfg.data.max_seq_length, cfg.data.max_predictions_per_seq)
   sets = {"train": (train_texts, cfg.data.train_examples),
           "eval": (eval_texts, cfg.data.eval_examples)}
-  target.parent.mkdir(parents=True, exist_ok=True)
-  tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
   for name, (texts, count) in sets.items():
     rows = build(documents(tokenizer, texts), special, len(vocab), masking, count, SEEDS[name])
     prefix, shards = ("part", 8) if name == "train" else ("eval", 1)
-    data.write_tfrecords(str(tmp / (prefix + "-{index:05d}-of-{count:05d}")), iter(rows),
+    data.write_tfrecords(str(folder / (prefix + "-{index:05d}-of-{count:05d}")), iter(rows),
                          num_shards=shards)
-  tokenizer.save_model(str(tmp))  # vocab.txt
-  (tmp / "dataset.json").write_text(json.dumps({
-      "source": f"pydoc_data.topics of CPython {platform.python_version()}",
-      "train_documents": len(train_texts), "eval_documents": len(eval_texts),
-      "vocab_size": len(vocab), "train_examples": cfg.data.train_examples,
-      "eval_examples": cfg.data.eval_examples, "max_seq_length": masking.max_seq_length,
-      "max_predictions_per_seq": masking.max_predictions_per_seq, "seeds": SEEDS}, indent=2))
-  try:
-    os.rename(tmp, target)
-  except OSError:  # Someone else finished first; theirs is identical.
-    shutil.rmtree(tmp)
+  tokenizer.save_model(str(folder))  # vocab.txt
+  return {"source": f"pydoc_data.topics of CPython {platform.python_version()}",
+          "train_documents": len(train_texts), "eval_documents": len(eval_texts),
+          "vocab_size": len(vocab), "train_examples": cfg.data.train_examples,
+          "eval_examples": cfg.data.eval_examples, "max_seq_length": masking.max_seq_length,
+          "max_predictions_per_seq": masking.max_predictions_per_seq, "seeds": SEEDS}

@@ -11,10 +11,7 @@ written once, atomically; later runs reuse it.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import tempfile
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -70,24 +67,18 @@ def prepare(cfg: ResNetConfig, data_dir: Path) -> None:
   """
   if cfg.data.source is not Source.DIGITS:
     return
-  target = dataset_dir(cfg, Path(data_dir))
-  if (target / "dataset.json").is_file():
-    return
+  data.write_dataset(dataset_dir(cfg, Path(data_dir)), functools.partial(_write, cfg))
+
+
+def _write(cfg: ResNetConfig, folder: Path) -> dict[str, object]:
   x_tr, y_tr, x_ev, y_ev = split()
   if (len(x_tr), len(x_ev)) != (cfg.data.train_examples, cfg.data.eval_examples):
     raise ValueError(f"digits split is {len(x_tr)}/{len(x_ev)} but the config says "
                      f"{cfg.data.train_examples}/{cfg.data.eval_examples}")
-  target.parent.mkdir(parents=True, exist_ok=True)
-  tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
-  data.write_tfrecords(str(tmp / "train-{index:05d}-of-{count:05d}"),
+  data.write_tfrecords(str(folder / "train-{index:05d}-of-{count:05d}"),
                        _examples(x_tr, y_tr, "train"), num_shards=8)
-  data.write_tfrecords(str(tmp / "validation-{index:05d}-of-{count:05d}"),
+  data.write_tfrecords(str(folder / "validation-{index:05d}-of-{count:05d}"),
                        _examples(x_ev, y_ev, "validation"), num_shards=4)
-  (tmp / "dataset.json").write_text(json.dumps({
-      "source": "sklearn.datasets.load_digits (UCI Optdigits test set)",
-      "train_examples": len(x_tr), "eval_examples": len(x_ev), "stored_size": STORED_SIZE,
-      "split": f"stratified, test_size={EVAL_SIZE}, random_state={SPLIT_SEED}"}, indent=2))
-  try:
-    os.rename(tmp, target)
-  except OSError:  # Someone else finished first; theirs is identical.
-    shutil.rmtree(tmp)
+  return {"source": "sklearn.datasets.load_digits (UCI Optdigits test set)",
+          "train_examples": len(x_tr), "eval_examples": len(x_ev), "stored_size": STORED_SIZE,
+          "split": f"stratified, test_size={EVAL_SIZE}, random_state={SPLIT_SEED}"}
