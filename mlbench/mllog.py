@@ -142,8 +142,11 @@ class MLLog:
     self._emit("event", "seed", int(seed), time_ms=time_ms)
 
   def hyperparameters(self, hparams: Mapping[str, Any], time_ms: int | None = None) -> None:
-    for key, value in hparams.items():
-      self._emit("event", key, value, time_ms=time_ms)
+    from mlbench.workload import unpack
+
+    for key, hparam in hparams.items():
+      value, metadata = unpack(hparam)
+      self._emit("event", key, value, metadata, time_ms=time_ms)
 
   def event(self, key: str, value: Any, metadata: Mapping[str, Any] | None = None,
             time_ms: int | None = None) -> None:

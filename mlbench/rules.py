@@ -175,13 +175,16 @@ class Rule:
     Missing required keys are always problems (the log would fail the checker);
     value constraints bind the closed division only.
     """
+    from mlbench.workload import unpack
+
     out = []
+    plain = {k: unpack(v)[0] for k, v in hparams.items()}
     for h in self.hyperparameters:
-      if not h.applies(hparams):
+      if not h.applies(plain):
         continue
       if h.key not in hparams:
         out.append(f"{h.key} is required but not logged")
-      elif closed and (msg := h.violation(hparams[h.key])):
+      elif closed and (msg := h.violation(*unpack(hparams[h.key]))):
         out.append(msg)
     return out
 

@@ -47,8 +47,26 @@ Array = Any
 """A jax.Array (inside jitted code) or numpy array."""
 Batch = Mapping[str, Any]
 """A dict of arrays; every array has the batch as its leading axis."""
-HParam = bool | int | float | str | list
+
+
+@dataclasses.dataclass(frozen=True)
+class WithMetadata:
+  """A hyperparameter value logged with metadata on its line (the transformer's
+  `max_sequence_length` names its `method`: truncate or discard)."""
+
+  value: bool | int | float | str | list
+  metadata: Mapping[str, Any]
+
+
+HParam = bool | int | float | str | list | WithMetadata
 """An MLPerf hyperparameter value as it is logged."""
+
+
+def unpack(value: HParam) -> tuple[Any, dict[str, Any]]:
+  """(value, metadata) of a hyperparameter; metadata is {} for a plain value."""
+  if isinstance(value, WithMetadata):
+    return value.value, dict(value.metadata)
+  return value, {}
 
 
 class Split(enum.Enum):

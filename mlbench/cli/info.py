@@ -78,6 +78,8 @@ def _describe_one(console, w, name, cfg, ruleset) -> None:
 def _describe_rule(console, rule, logged) -> None:
   from rich.table import Table
 
+  from mlbench.workload import unpack
+
   q = rule.quality
   ev = rule.evaluation
   console.print(
@@ -89,12 +91,13 @@ def _describe_rule(console, rule, logged) -> None:
   table = Table(title="logged hyperparameters under these rules", title_justify="left")
   for col in ("key", "value", "required", "constraint (closed)"):
     table.add_column(col)
-  required = {h.key: h for h in rule.hyperparameters if h.applies(logged)}
+  plain = {k: unpack(v)[0] for k, v in logged.items()}
+  required = {h.key: h for h in rule.hyperparameters if h.applies(plain)}
   for key in sorted(set(logged) | set(required)):
     h = required.get(key)
     value = logged.get(key, "[red]missing")
     constraint = ", ".join(f"{op} {arg!r}" for op, arg in h.check.items()) if h else ""
-    bad = h is not None and key in logged and h.violation(logged[key])
+    bad = h is not None and key in logged and h.violation(*unpack(logged[key]))
     table.add_row(key, f"[red]{value!r}" if bad else repr(value) if key in logged else value,
                   "yes" if h else "", constraint)
   console.print(table)

@@ -186,3 +186,19 @@ def test_cadence_shapes_of_the_rule_families():
   assert ssd.points(256, 90) == [40, 50, 55, 60, 65, 70, 75, 80, 85, 90]
   assert ssd.policy is rules.Policy.AT_LEAST
   assert rules.load("resnet", "4.0.0").evaluation.policy is rules.Policy.EXACTLY
+
+
+def test_hyperparameter_metadata_is_checked_as_the_checker_does():
+  from mlbench.workload import WithMetadata
+
+  rule = rules.load("transformer", "0.7.0")
+  base = {"global_batch_size": 4096, "opt_name": "adam", "opt_base_learning_rate": 2.0,
+          "opt_learning_rate_warmup_steps": 1000, "opt_adam_beta_1": 0.9,
+          "opt_adam_beta_2": 0.98, "opt_adam_epsilon": 1e-9}
+  ok = {**base, "max_sequence_length": WithMetadata(256, {"method": "discard"})}
+  assert rule.problems(ok, closed=True) == []
+  plain = rule.problems({**base, "max_sequence_length": 256}, closed=True)
+  assert plain == ["max_sequence_length must carry metadata 'method'"]
+  bad = rule.problems({**base, "max_sequence_length": WithMetadata(256, {"method": "pad"})},
+                      closed=True)
+  assert len(bad) == 1 and "metadata method" in bad[0]
