@@ -67,8 +67,8 @@ SHARDED = {
     "resnet50": [(("stage4_block1", "conv3", "kernel"), (None, None, None, "model"))],
     "bert": [(("layer_1", "attention", "query", "kernel"), (None, "model", None)),
              (("layer_0", "attention", "output", "kernel"), ("model", None, None)),
-             (("layer_0", "intermediate", "kernel"), (None, "model")),
-             (("layer_1", "output", "kernel"), ("model", None)),
+             (("layer_0", "mlp", "intermediate", "kernel"), (None, "model")),
+             (("layer_1", "mlp", "output", "kernel"), ("model", None)),
              (("word_embeddings", "embedding"), ("model", None))],
 }
 

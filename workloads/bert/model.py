@@ -5,7 +5,9 @@ reference): word + position + token-type embeddings, LayerNorm; per layer
 self-attention and a GELU MLP, each followed by dropout, a residual add and
 LayerNorm; a tanh pooler over [CLS]. The masked-LM head (dense, GELU,
 LayerNorm, then the word embeddings transposed plus a bias) runs only at the
-masked positions. Parameter names are what the partition rules match.
+masked positions. Attention and the MLP are the blocks shared with the other
+transformer workloads (`workloads.common.transformer`); their parameter names
+are what the shared partition rules match.
 
 Shape suffixes: B batch, L sequence, P masked positions, H hidden, N heads,
 D head size, F intermediate, V vocabulary.
@@ -21,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from workloads.bert.config import ModelConfig
+from workloads.common import transformer as blocks
 
 
 def _init(cfg: ModelConfig) -> Any:
@@ -31,40 +34,21 @@ def _dtype(cfg: ModelConfig) -> Any:
   return jnp.dtype(cfg.dtype.value)
 
 
-class SelfAttention(nn.Module):
-  cfg: ModelConfig
-
-  @nn.compact
-  def __call__(self, x_BLH: jax.Array, bias_B11L: jax.Array, deterministic: bool) -> jax.Array:
-    c = self.cfg
-    head = c.hidden_size // c.num_heads
-    proj = functools.partial(nn.DenseGeneral, features=(c.num_heads, head), kernel_init=_init(c),
-                             dtype=_dtype(c))
-    q_BLND = proj(name="query")(x_BLH)
-    k_BLND = proj(name="key")(x_BLH)
-    v_BLND = proj(name="value")(x_BLH)
-    q_BLND = q_BLND / jnp.sqrt(head).astype(q_BLND.dtype)
-    logits_BNLL = jnp.einsum("bqnd,bknd->bnqk", q_BLND, k_BLND)
-    probs_BNLL = jax.nn.softmax(logits_BNLL.astype(jnp.float32) + bias_B11L, axis=-1)
-    probs_BNLL = nn.Dropout(c.dropout)(probs_BNLL, deterministic=deterministic)
-    out_BLND = jnp.einsum("bnqk,bknd->bqnd", probs_BNLL.astype(v_BLND.dtype), v_BLND)
-    return nn.DenseGeneral(c.hidden_size, axis=(-2, -1), kernel_init=_init(c), dtype=_dtype(c),
-                           name="output")(out_BLND)
-
-
 class Layer(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
   def __call__(self, x_BLH: jax.Array, bias_B11L: jax.Array, deterministic: bool) -> jax.Array:
     c = self.cfg
-    dense = functools.partial(nn.Dense, kernel_init=_init(c), dtype=_dtype(c))
     norm = functools.partial(nn.LayerNorm, epsilon=c.layer_norm_epsilon, dtype=_dtype(c))
     drop = functools.partial(nn.Dropout(c.dropout), deterministic=deterministic)
-    attended = SelfAttention(c, name="attention")(x_BLH, bias_B11L, deterministic)
+    attended = blocks.Attention(c.num_heads, c.hidden_size // c.num_heads, dropout=c.dropout,
+                                dtype=_dtype(c), kernel_init=_init(c), name="attention")(
+                                    x_BLH, bias_B1LS=bias_B11L, deterministic=deterministic)
     x_BLH = norm(name="attention_layer_norm")(x_BLH + drop(attended))
-    h_BLF = nn.gelu(dense(c.intermediate_size, name="intermediate")(x_BLH), approximate=False)
-    out_BLH = dense(c.hidden_size, name="output")(h_BLF)
+    out_BLH = blocks.Mlp(c.intermediate_size, activation=functools.partial(nn.gelu,
+                                                                            approximate=False),
+                         dtype=_dtype(c), kernel_init=_init(c), name="mlp")(x_BLH)
     return norm(name="output_layer_norm")(x_BLH + drop(out_BLH))
 
 
@@ -86,7 +70,7 @@ class Bert(nn.Module):
              + embed(c.type_vocab_size, name="token_type_embeddings")(batch["segment_ids"]))
     x_BLH = nn.LayerNorm(epsilon=c.layer_norm_epsilon, name="embeddings_layer_norm")(x_BLH)
     x_BLH = nn.Dropout(c.dropout)(x_BLH, deterministic=deterministic).astype(_dtype(c))
-    bias_B11L = jnp.where(batch["input_mask"][:, None, None, :] > 0, 0.0, -1e9)
+    bias_B11L = blocks.padding_bias(batch["input_mask"])
     for i in range(c.num_layers):
       x_BLH = Layer(c, name=f"layer_{i}")(x_BLH, bias_B11L, deterministic)
     return self._masked_lm(x_BLH, batch["masked_lm_positions"], word), self._next_sentence(x_BLH)

@@ -13,6 +13,7 @@ from mlbench.workload import EvalPart, Schedule, StepContext
 from workloads.bert.config import BertConfig
 from workloads.bert.input_pipeline import feature_shapes
 from workloads.bert.model import Bert
+from workloads.common import transformer as blocks
 
 
 EXCLUDE = ("LayerNorm", "layer_norm", "bias")
@@ -105,31 +106,22 @@ def hparams(cfg: BertConfig, sched: Schedule, ctx: StepContext) -> dict[str, Any
 
 
 def partition_rules(cfg: BertConfig) -> list[tuple[str, Any]]:
-  """Model parallelism by annotation (Megatron-style): attention heads and the MLP's
-  hidden units over `model`, the vocabulary of the tied embedding over `model`."""
+  """Model parallelism by annotation (Megatron-style): the shared blocks' rules
+  (attention heads and MLP hidden units over `model`) and the vocabulary of the
+  tied word embedding over `model`."""
   from jax.sharding import PartitionSpec as P
 
   del cfg
-  return [
-      (r"attention/(query|key|value)/kernel$", P("embed", "heads", "kv")),
-      (r"attention/(query|key|value)/bias$", P("heads", "kv")),
-      (r"attention/output/kernel$", P("heads", "kv", "embed")),
-      (r"intermediate/kernel$", P("embed", "mlp")),
-      (r"intermediate/bias$", P("mlp")),
-      (r"layer_\d+/output/kernel$", P("mlp", "embed")),
-      (r"word_embeddings/embedding$", P("vocab", "embed")),
-  ]
+  return [*blocks.partition_rules(), (r"word_embeddings/embedding$", P("vocab", "embed"))]
 
 
 def flops_per_example(cfg: BertConfig) -> float:
-  """Model FLOPs of one training example: 3x (forward + backward) the forward matmuls.
-
-  Per layer: QKV and output projections 8*L*H^2, attention scores and values
-  4*L^2*H, MLP 4*L*H*F; the masked-LM head 2*P*H*(H + V); the pooler and
-  next-sentence head are negligible.
-  """
+  """Model FLOPs of one training example: 3x (forward + backward) the forward matmuls
+  of every layer's attention and MLP, and of the masked-LM head, 2*P*H*(H + V) (the
+  pooler and next-sentence head are negligible)."""
   m, d = cfg.model, cfg.data
   seq, hidden = d.max_seq_length, m.hidden_size
-  layer = 8 * seq * hidden ** 2 + 4 * seq ** 2 * hidden + 4 * seq * hidden * m.intermediate_size
+  layer = (blocks.attention_flops(seq, seq, hidden)
+           + blocks.mlp_flops(seq, hidden, m.intermediate_size))
   head = 2 * d.max_predictions_per_seq * hidden * (hidden + m.vocab_size)
   return 3.0 * (m.num_layers * layer + head)
