@@ -137,6 +137,19 @@ def bert_lr_schedule(base_lr: float, *, warmup_steps: int, start_warmup_step: in
   return schedule
 
 
+def rsqrt_schedule(base_lr: float, *, warmup_steps: int, width: int) -> optax.Schedule:
+  """The Transformer schedule (tensor2tensor's constant * linear_warmup * rsqrt_decay *
+  rsqrt_hidden_size): lr(step) = base * min(1, step / warmup) / sqrt(max(step, warmup))
+  / sqrt(width), with step = updates already applied + 1."""
+
+  def schedule(count: jax.Array) -> jax.Array:
+    step = jnp.asarray(count, jnp.float32) + 1.0
+    warm = jnp.minimum(1.0, step / warmup_steps)
+    return base_lr * warm * jax.lax.rsqrt(jnp.maximum(step, float(warmup_steps))) * width ** -0.5
+
+  return schedule
+
+
 def mlperf_lamb(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: float,
                 weight_decay: float, mask: Mask, clip_norm: float = 1.0
                 ) -> optax.GradientTransformation:

@@ -70,6 +70,8 @@ def prepare(rc: RunConfig) -> Plan:
   # anything is written, instead of after run_start.
   for split in (Split.TRAIN, Split.EVAL):
     plan.workload.input.files(plan.cfg, rc.data_dir, split)
+  if plan.workload.input.bind is not None:
+    plan = dataclasses.replace(plan, cfg=plan.workload.input.bind(plan.cfg, rc.data_dir))
   if not runtime.is_leader:
     return plan
   try:

@@ -216,11 +216,16 @@ class InputSpec:
       this config's data can be generated locally (the mini configs) and does
       nothing if it is already there; None if the data must be supplied. Runs
       before the benchmark, like MLPerf's `init_datasets.sh`.
+    bind: `bind(cfg, data_dir) -> cfg` fills in config fields that name files
+      beside the data (the Transformer's subword vocabulary, which its eval
+      host part needs to turn token ids into text); runs after `prepare`.
+      None: the config needs nothing from the data folder.
   """
 
   files: Callable[[Config, Path, Split], Sequence[str]]
   decode: Callable[[Config, Split], DecodeFn]
   prepare: Callable[[Config, Path], None] | None = None
+  bind: Callable[[Config, Path], Config] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,3 +35,18 @@ def test_weight_update_sharding_and_model_parallelism_show_in_the_report(mlbench
   assert wus["programs"][0]["collectives"]["all-gather"] > 0  # New weights gathered.
   assert tp["param_bytes_per_device"] < 0.55 * plain["param_bytes_per_device"]
   assert tp["mesh"] == {"data": 4, "model": 2}
+
+
+@pytest.mark.slow
+def test_transformer_model_parallelism_splits_weights_and_adds_collectives(mlbench):
+  data_only = json.loads(mlbench("check", "transformer", "--cpu-devices", "8", "--json",
+                                 "--mesh", "data=8").stdout)
+  tp = json.loads(mlbench("check", "transformer", "--cpu-devices", "8", "--json",
+                          "--mesh", "data=4,model=2").stdout)
+  # Attention, MLP and the shared embedding are split in two; LayerNorms are not.
+  ratio = tp["param_bytes_per_device"] / data_only["param_bytes_per_device"]
+  assert 0.5 <= ratio < 0.52
+  # Megatron-style: partial sums of the split matmuls are all-reduced over `model`
+  # in the forward and backward passes, on top of the gradient sums.
+  plain, split = data_only["programs"][0]["collectives"], tp["programs"][0]["collectives"]
+  assert split["all-reduce"] > plain["all-reduce"]

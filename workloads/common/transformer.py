@@ -52,6 +52,9 @@ class Attention(nn.Module):
     kernel_init: initialiser of the four projection kernels.
     decode: self-attention one position at a time, with keys and values kept in
       the `cache` collection (created, at full length, by `init` with decode on).
+    use_bias: biases on the projections (BERT has them; tensor2tensor's
+      Transformer does not, and the key bias would only receive rounding noise:
+      softmax ignores a constant added to every logit).
   """
 
   num_heads: int
@@ -60,6 +63,7 @@ class Attention(nn.Module):
   dtype: Any = jnp.float32
   kernel_init: Callable[..., Any] = nn.initializers.xavier_uniform()
   decode: bool = False
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x_BLH: jax.Array, kv_BSH: jax.Array | None = None,
@@ -70,7 +74,8 @@ class Attention(nn.Module):
     allowed, `NEG_INF` where it is not.
     """
     proj = functools.partial(nn.DenseGeneral, features=(self.num_heads, self.head_dim),
-                             kernel_init=self.kernel_init, dtype=self.dtype)
+                             kernel_init=self.kernel_init, dtype=self.dtype,
+                             use_bias=self.use_bias)
     source_BSH = x_BLH if kv_BSH is None else kv_BSH
     q_BLND = proj(name="query")(x_BLH)
     k_BSND = proj(name="key")(source_BSH)
@@ -85,14 +90,14 @@ class Attention(nn.Module):
     probs_BNLS = nn.Dropout(self.dropout)(probs_BNLS, deterministic=deterministic)
     out_BLND = jnp.einsum("bnls,bsnd->blnd", probs_BNLS.astype(v_BSND.dtype), v_BSND)
     return nn.DenseGeneral(x_BLH.shape[-1], axis=(-2, -1), kernel_init=self.kernel_init,
-                           dtype=self.dtype, name="output")(out_BLND)
+                           dtype=self.dtype, use_bias=self.use_bias, name="output")(out_BLND)
 
   def _cached(self, k_B1ND: jax.Array, v_B1ND: jax.Array, bias: jax.Array | None):
     """Writes this position's key and value into the cache; attends to positions <= it."""
-    ready = self.has_variable("cache", "key")
-    key = self.variable("cache", "key", jnp.zeros, k_B1ND.shape, k_B1ND.dtype)
-    value = self.variable("cache", "value", jnp.zeros, v_B1ND.shape, v_B1ND.dtype)
-    index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+    ready = self.has_variable("cache", "cached_key")
+    key = self.variable("cache", "cached_key", jnp.zeros, k_B1ND.shape, k_B1ND.dtype)
+    value = self.variable("cache", "cached_value", jnp.zeros, v_B1ND.shape, v_B1ND.dtype)
+    index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
     if not ready:  # init: the cache is created at the full decode length
       return k_B1ND, v_B1ND, bias
     i = index.value

@@ -1,0 +1,192 @@
+"""Transformer specifics: Transformer-big's size, beam search, BLEU, vocabularies, the
+cached decoder, the CLDR mini data in the MLPerf WMT schema."""
+
+from __future__ import annotations
+
+import itertools
+import unicodedata
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import sacrebleu
+
+from mlbench import data, steps
+from mlbench.workload import Split
+from workloads.transformer import (WORKLOAD, beam_search, bleu, cldr, config, input_pipeline,
+                                   model, train, vocab)
+
+
+@pytest.fixture(scope="session")
+def transformer_data_dir(_cache_dir):
+  cfg = config.mini()
+  WORKLOAD.input.prepare(cfg, _cache_dir / "data")
+  return _cache_dir / "data"
+
+
+def test_full_model_is_transformer_big():
+  # Transformer-big with one shared 33,708 x 1,024 embedding (34,516,992): per encoder
+  # layer 4 attention projections without biases (4,194,304), the MLP 1024-4096-1024
+  # with biases (8,393,728) and 2 LayerNorms (4,096) = 12,592,128; per decoder layer
+  # a second attention and a third LayerNorm = 16,788,480; two final LayerNorms
+  # (4,096). 34,516,992 + 6 * 12,592,128 + 6 * 16,788,480 + 4,096 = 210,804,736. With
+  # the 37,000-token vocabulary of "Attention Is All You Need" the same formula gives
+  # 214.2 M, within 1 % of the paper's "213 M" for Transformer-big (table 3).
+  assert steps.count_params(WORKLOAD, config.full()) == 210_804_736
+  per_vocab_token = 1024
+  assert 210_804_736 + (37_000 - 33_708) * per_vocab_token == pytest.approx(213e6, rel=0.01)
+
+
+# --- beam search -----------------------------------------------------------------------
+
+V, EOS, MAX_LEN = 4, 1, 4
+
+
+def _markov(seed):
+  """A toy model: next-token logits depend on the last token only."""
+  table_VV = jax.random.normal(jax.random.key(seed), (V, V)) * 2.0
+
+  def logits_fn(last_N, cache):
+    return table_VV[last_N], cache
+
+  return table_VV, logits_fn
+
+
+def _exhaustive(table_VV, alpha):
+  """Best EOS-terminated sequence of length <= MAX_LEN by length-penalised log-prob."""
+  logp_VV = np.asarray(jax.nn.log_softmax(table_VV))
+  best, best_score = None, -np.inf
+  for n in range(1, MAX_LEN + 1):
+    for body in itertools.product([t for t in range(V) if t != EOS], repeat=n - 1):
+      seq = [*body, EOS]
+      prev, total = 0, 0.0
+      for t in seq:
+        total, prev = total + logp_VV[prev, t], t
+      score = total / ((5.0 + n) / 6.0) ** alpha
+      if score > best_score:
+        best, best_score = seq, score
+  return best, best_score
+
+
+@pytest.mark.parametrize("seed,alpha", [(0, 0.6), (1, 0.0), (2, 1.0), (3, 0.6)])
+def test_beam_search_with_a_wide_beam_finds_the_exhaustive_optimum(seed, alpha):
+  table_VV, logits_fn = _markov(seed)
+  tokens, score = beam_search.beam_search(
+      logits_fn, jnp.zeros((27, 1)), batch=1, beam=27, max_length=MAX_LEN, eos_id=EOS,
+      alpha=alpha)
+  best, best_score = _exhaustive(table_VV, alpha)
+  assert list(np.asarray(tokens[0, :len(best)])) == best
+  assert np.all(np.asarray(tokens[0, len(best):]) == 0)
+  assert float(score[0]) == pytest.approx(best_score, rel=1e-5)
+
+
+def test_cached_decoding_gives_the_teacher_forced_logits():
+  cfg = config.mini()
+  params, _ = WORKLOAD.init(cfg, jax.random.key(0))
+  batch = WORKLOAD.synthetic_batch(cfg, Split.EVAL, 3, np.random.default_rng(0))
+  inputs, targets = jnp.asarray(batch["inputs"]), jnp.asarray(batch["targets"])
+  full_BLV = model.Transformer(cfg.model).apply({"params": params}, inputs, targets)
+  decoder = model.Transformer(cfg.model, decode=True)
+  cache = decoder.init(jax.random.key(0), inputs, targets)["cache"]
+  cache = jax.tree.map(jnp.zeros_like, cache)
+  encoded = model.Transformer(cfg.model).apply({"params": params}, inputs,
+                                               method=model.Transformer.encode)
+  shifted = model.shift_right(targets)
+  for i in range(8):
+    step_B1V, mutated = decoder.apply({"params": params, "cache": cache}, encoded, inputs,
+                                      shifted[:, i:i + 1], method=model.Transformer.decode_logits,
+                                      mutable=["cache"])
+    cache = mutated["cache"]
+    np.testing.assert_allclose(step_B1V[:, 0], full_BLV[:, i], atol=2e-4, rtol=2e-4)
+
+
+# --- BLEU ------------------------------------------------------------------------------
+
+def _corpus():
+  pairs = cldr.pairs(400, seed=7)
+  refs = [de for _, de in pairs]
+  rng = np.random.default_rng(0)
+  hyps = []
+  for ref in refs:  # Damaged copies: words dropped, swapped, upper-cased.
+    words = ref.split()
+    if len(words) > 1 and rng.random() < 0.5:
+      del words[rng.integers(len(words))]
+    if len(words) > 1 and rng.random() < 0.3:
+      words[0], words[-1] = words[-1], words[0]
+    hyps.append(" ".join(words).upper() if rng.random() < 0.2 else " ".join(words))
+  return hyps, refs
+
+
+def test_bleu_from_summed_statistics_is_sacrebleu_uncased():
+  hyps, refs = _corpus()
+  ours = bleu.score(bleu.statistics(hyps, refs))
+  theirs = sacrebleu.corpus_bleu(hyps, [refs], lowercase=True).score
+  assert 20 < ours < 95
+  assert ours == pytest.approx(theirs, abs=1e-9)
+
+
+@pytest.mark.parametrize("shards", [2, 8])
+def test_bleu_statistics_summed_over_shards_equal_one_shard(shards):
+  hyps, refs = _corpus()
+  one = bleu.statistics(hyps, refs)
+  cuts = np.array_split(np.arange(len(hyps)), shards)
+  parts = [bleu.statistics([hyps[i] for i in c], [refs[i] for i in c]) for c in cuts]
+  summed = {k: sum(p[k] for p in parts) for k in one}
+  for k in one:
+    np.testing.assert_array_equal(summed[k], one[k])
+  assert bleu.score(summed) == bleu.score(one)
+
+
+# --- vocabularies and data -------------------------------------------------------------
+
+def test_a_tensor2tensor_subword_vocabulary_decodes_as_tensor2tensor(tmp_path):
+  # Subtokens end in "_" at word ends; "\u" escapes an underscore; neighbouring
+  # alphanumeric words get a space, punctuation does not.
+  lines = ["'<pad>_'", "'<EOS>_'", "'Hal'", "'lo_'", "'Welt_'", "'!_'", "'snake\\u'",
+           "'case_'", "', _'", "'3_'"]
+  path = tmp_path / "vocab.ende.32768"
+  path.write_text("\n".join(lines) + "\n")
+  v = vocab.load(str(path))
+  assert v.decode([2, 3, 4, 5, 1, 4]) == "Hallo Welt!"
+  assert v.decode([6, 7, 8, 9, 1]) == "snake_case, 3"
+  assert v.decode([9, 0, 0]) == "3"
+
+
+def test_the_mini_data_is_cldr_text_in_the_wmt_schema(transformer_data_dir):
+  cfg = input_pipeline.bind(config.mini(), transformer_data_dir)
+  assert cfg.data.vocab_file.endswith(vocab.TOKENIZER_FILE)
+  words = vocab.load(cfg.data.vocab_file)
+  evals = input_pipeline.files(cfg, transformer_data_dir, Split.EVAL)
+  ds = data.eval_dataset(evals, input_pipeline.decode(cfg, Split.EVAL),
+                         num_examples=cfg.data.eval_examples, per_host_batch=100, host=0, hosts=1)
+  rows = [b for b in data.numpy_batches(ds)]
+  inputs = np.concatenate([b["inputs"] for b in rows])[:cfg.data.eval_examples]
+  targets = np.concatenate([b["targets"] for b in rows])[:cfg.data.eval_examples]
+  assert inputs.shape == targets.shape == (500, cfg.data.max_length)
+  assert inputs.dtype == np.int32 and np.all((inputs == vocab.EOS).sum(1) == 1)
+  english = [words.decode(r) for r in inputs]
+  german = [words.decode(r) for r in targets]
+  from tokenizers import Tokenizer
+
+  _, held_out = cldr.split(cfg, Tokenizer.from_file(cfg.data.vocab_file))
+  assert sorted(zip(english, german)) == sorted(held_out)
+  # German, from CLDR: months, "und" in lists, umlauts.
+  text = " ".join(german)
+  assert " und " in text and "März" in text and any(unicodedata.category(c) == "Ll"
+                                                     and ord(c) > 127 for c in text)
+  trains = input_pipeline.files(cfg, transformer_data_dir, Split.TRAIN)
+  seen = set()
+  for f in trains:
+    for record in data.tf().data.TFRecordDataset(f).as_numpy_iterator():
+      ex = data.tf().train.Example.FromString(record)
+      seen.add(words.decode(ex.features.feature["inputs"].int64_list.value))
+  assert len(seen) == cfg.data.train_examples and not seen & set(english)
+
+
+def test_bleu_of_the_references_themselves_is_100(transformer_data_dir):
+  cfg = input_pipeline.bind(config.mini(), transformer_data_dir)
+  batch = WORKLOAD.synthetic_batch(cfg, Split.EVAL, 16, np.random.default_rng(1))
+  part = train.host(cfg, {"translation": batch["targets"], "nll": np.zeros(16),
+                          "target_tokens": np.ones(16)}, batch)
+  assert train.compute(cfg, part)["bleu"] == pytest.approx(1.0)

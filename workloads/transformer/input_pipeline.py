@@ -1,0 +1,97 @@
+"""MLPerf WMT en-de TFRecords: `inputs` and `targets` as variable-length token ids.
+
+Schema (tensor2tensor's translate_ende_wmt32k, as the MLPerf reference writes
+it): `inputs`, `targets` int64 lists, each ending in EOS (1). Training files
+match `*train*`, the evaluation set (newstest2014) `*dev*`, in one folder with
+the subword vocabulary (`vocab.ende.32768`, or the mini config's
+`tokenizer.json`). Examples longer than `max_length` tokens are truncated and
+shorter ones padded with 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mlbench.errors import UserError
+from mlbench.workload import Split
+from workloads.transformer import vocab
+from workloads.transformer.config import Source, TransformerConfig
+
+CLDR_DIR = "transformer-cldr"
+_GLOBS = {Split.TRAIN: "*train*", Split.EVAL: "*dev*"}
+_VOCAB_GLOBS = (vocab.TOKENIZER_FILE, "vocab.ende.*", "vocab.*")
+FEATURES = ("inputs", "targets")
+
+
+def dataset_dir(cfg: TransformerConfig, data_dir: Path) -> Path:
+  return data_dir / CLDR_DIR if cfg.data.source is Source.CLDR else data_dir
+
+
+def files(cfg: TransformerConfig, data_dir: Path, split: Split) -> list[str]:
+  folder = dataset_dir(cfg, Path(data_dir))
+  found = sorted(str(p) for p in folder.glob(_GLOBS[split]) if p.is_file())
+  if not found:
+    hint = ("run without --data-dir to generate it" if cfg.data.source is Source.CLDR else
+            "point --data-dir at the MLPerf WMT en-de TFRecords (*train*, *dev*)")
+    raise UserError(f"no {_GLOBS[split]} TFRecord files in {folder}; {hint}")
+  return found
+
+
+def bind(cfg: TransformerConfig, data_dir: Path) -> TransformerConfig:
+  """The config with `data.vocab_file` set to the vocabulary beside the data (kept
+  if already set)."""
+  if cfg.data.vocab_file:
+    return cfg
+  folder = dataset_dir(cfg, Path(data_dir))
+  for pattern in _VOCAB_GLOBS:
+    found = sorted(folder.glob(pattern))
+    if found:
+      return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data,
+                                                               vocab_file=str(found[0])))
+  raise UserError(f"no subword vocabulary ({', '.join(_VOCAB_GLOBS)}) in {folder}; put the "
+                  "MLPerf vocab.ende.32768 there or pass --set data.vocab_file=PATH")
+
+
+def feature_shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
+  return {k: (cfg.data.max_length,) for k in FEATURES}
+
+
+def decode(cfg: TransformerConfig, split: Split):
+  """The `DecodeFn`: parse one record, truncate or pad both sides to `max_length`."""
+  from mlbench.data import tf
+
+  del split
+  t = tf()
+  n = cfg.data.max_length
+  spec = {k: t.io.VarLenFeature(t.int64) for k in FEATURES}
+
+  def parse(record: Any, seed: Any) -> dict[str, Any]:
+    del seed
+    example = t.io.parse_single_example(record, spec)
+    out = {}
+    for k in FEATURES:
+      ids = t.cast(t.sparse.to_dense(example[k])[:n], t.int32)
+      out[k] = t.reshape(t.pad(ids, [[0, n - t.shape(ids)[0]]]), [n])
+    return out
+
+  return parse
+
+
+def synthetic_batch(cfg: TransformerConfig, split: Split, batch_size: int,
+                    rng: np.random.Generator) -> dict[str, np.ndarray]:
+  """Random sentences with `decode`'s keys, shapes and dtypes; the target is the
+  source reversed, so there is something to learn."""
+  del split
+  n, v = cfg.data.max_length, cfg.model.vocab_size
+  lengths = rng.integers(max(2, n // 4), n, batch_size)
+  inputs = np.zeros((batch_size, n), np.int32)
+  targets = np.zeros((batch_size, n), np.int32)
+  for i, length in enumerate(lengths):
+    words = rng.integers(vocab.UNK + 1, v, length - 1)
+    inputs[i, :length] = [*words, vocab.EOS]
+    targets[i, :length] = [*words[::-1], vocab.EOS]
+  return {"inputs": inputs, "targets": targets}

@@ -1,0 +1,148 @@
+"""The Transformer's pure functions for the harness: init, loss, beam-search eval, BLEU,
+optimizer, logged keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from mlbench import optim
+from mlbench.workload import Batch, EvalPart, Schedule, StepContext, WithMetadata
+from workloads.common import transformer as blocks
+from workloads.transformer import beam_search, bleu, vocab
+from workloads.transformer.config import TransformerConfig
+from workloads.transformer.model import Transformer
+
+
+def schedule(cfg: TransformerConfig) -> Schedule:
+  d = cfg.data
+  return Schedule(global_batch_size=cfg.global_batch_size, eval_batch_size=cfg.eval_batch_size,
+                  train_examples=d.train_examples, eval_examples=d.eval_examples,
+                  max_train_samples=round(cfg.train_epochs * d.train_examples))
+
+
+def init(cfg: TransformerConfig, rng: jax.Array) -> tuple[Any, Any]:
+  ids = jnp.zeros((1, cfg.data.max_length), jnp.int32)
+  return Transformer(cfg.model).init(rng, ids, ids)["params"], {}
+
+
+def _token_nll(cfg: TransformerConfig, logits_BLV: jax.Array, targets_BL: jax.Array,
+               smoothing: float) -> tuple[jax.Array, jax.Array]:
+  """Label-smoothed cross-entropy per target token, and the weights (0 on padding)."""
+  v = cfg.model.vocab_size
+  soft_BLV = optax.smooth_labels(jax.nn.one_hot(targets_BL, v), smoothing)
+  nll_BL = optax.softmax_cross_entropy(logits_BLV, soft_BLV)
+  return nll_BL, (targets_BL > 0).astype(jnp.float32)
+
+
+def loss(cfg: TransformerConfig, ctx: StepContext, params: Any, state: Any, batch: Batch,
+         rng: jax.Array) -> tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]:
+  """Label-smoothed cross-entropy, averaged over the real target tokens of the batch."""
+  del ctx
+  logits_BLV = Transformer(cfg.model).apply({"params": params}, batch["inputs"],
+                                            batch["targets"], deterministic=False,
+                                            rngs={"dropout": rng})
+  nll_BL, w_BL = _token_nll(cfg, logits_BLV, batch["targets"], cfg.optimizer.label_smoothing)
+  tokens = w_BL.sum()
+  hits = ((jnp.argmax(logits_BLV, -1) == batch["targets"]) * w_BL).sum()
+  return (nll_BL * w_BL).sum() / tokens, (state, {"token_accuracy": hits / tokens,
+                                                  "target_tokens": tokens})
+
+
+def translate(cfg: TransformerConfig, params: Any, inputs_BS: jax.Array) -> jax.Array:
+  """Beam-search translations [B, decode.max_length] (EOS, then 0s)."""
+  d, b = cfg.decode, inputs_BS.shape[0]
+  model = Transformer(cfg.model)
+  encoded_BSH = model.apply({"params": params}, inputs_BS, method=Transformer.encode)
+  encoded_NSH, inputs_NS = beam_search.tile_beams((encoded_BSH, inputs_BS), d.beam_size)
+  decoder = Transformer(cfg.model, decode=True)
+  cache = decoder.init(jax.random.key(0), inputs_NS[:, :1],
+                       jnp.zeros((inputs_NS.shape[0], d.max_length), jnp.int32))["cache"]
+  cache = jax.tree.map(jnp.zeros_like, cache)
+
+  def logits_fn(last_N: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
+    logits_N1V, updated = decoder.apply(
+        {"params": params, "cache": cache}, encoded_NSH, inputs_NS, last_N[:, None],
+        method=Transformer.decode_logits, mutable=["cache"])
+    return logits_N1V[:, 0], updated["cache"]
+
+  tokens_BL, _ = beam_search.beam_search(
+      logits_fn, cache, batch=b, beam=d.beam_size, max_length=d.max_length,
+      eos_id=vocab.EOS, alpha=d.length_penalty)
+  return tokens_BL
+
+
+def eval_step(cfg: TransformerConfig, ctx: StepContext, params: Any, state: Any,
+              batch: Batch) -> dict[str, jax.Array]:
+  """Per sentence: the beam-search translation, and the teacher-forced NLL sums."""
+  del ctx, state
+  logits_BLV = Transformer(cfg.model).apply({"params": params}, batch["inputs"],
+                                            batch["targets"])
+  nll_BL, w_BL = _token_nll(cfg, logits_BLV, batch["targets"], 0.0)
+  return {"translation": translate(cfg, params, batch["inputs"]),
+          "nll": (nll_BL * w_BL).sum(-1), "target_tokens": w_BL.sum(-1)}
+
+
+def host(cfg: TransformerConfig, outputs: dict[str, np.ndarray], batch: Batch) -> EvalPart:
+  """BLEU statistics of this host's translations against the references."""
+  words = vocab.load(cfg.data.vocab_file)
+  hyps = [words.decode(row) for row in outputs["translation"]]
+  refs = [words.decode(row) for row in np.asarray(batch["targets"])]
+  sums = bleu.statistics(hyps, refs)
+  sums["nll"] = np.asarray(outputs["nll"], np.float64).sum()
+  sums["target_tokens"] = np.asarray(outputs["target_tokens"], np.float64).sum()
+  return EvalPart(sums=sums)
+
+
+def compute(cfg: TransformerConfig, part: EvalPart) -> dict[str, float]:
+  """Uncased corpus BLEU as a fraction (MLPerf logs 25.0 BLEU as 0.25)."""
+  del cfg
+  return {"bleu": bleu.score(part.sums) / 100.0,
+          "loss": float(part.sums["nll"]) / float(part.sums["target_tokens"])}
+
+
+def optimizer(cfg: TransformerConfig, sched: Schedule) -> optax.GradientTransformation:
+  del sched
+  o = cfg.optimizer
+  lr = optim.rsqrt_schedule(o.base_learning_rate, warmup_steps=o.warmup_steps,
+                            width=cfg.model.width)
+  return optax.adam(lr, b1=o.beta_1, b2=o.beta_2, eps=o.epsilon)
+
+
+def hparams(cfg: TransformerConfig, sched: Schedule, ctx: StepContext) -> dict[str, Any]:
+  """The keys closed_transformer.yaml (0.7.0) requires, as the reference logs them."""
+  del sched, ctx
+  o = cfg.optimizer
+  return {"opt_name": "adam",
+          "opt_base_learning_rate": o.base_learning_rate,
+          "opt_learning_rate_warmup_steps": o.warmup_steps,
+          "opt_adam_beta_1": o.beta_1,
+          "opt_adam_beta_2": o.beta_2,
+          "opt_adam_epsilon": o.epsilon,
+          "max_sequence_length": WithMetadata(cfg.data.max_length,
+                                              {"method": cfg.data.length_method})}
+
+
+def partition_rules(cfg: TransformerConfig) -> list[tuple[str, Any]]:
+  """Model parallelism by annotation: the shared blocks' rules (heads and MLP hidden
+  units over `model`) and the shared embedding's vocabulary over `model`."""
+  from jax.sharding import PartitionSpec as P
+
+  del cfg
+  return [*blocks.partition_rules(), (r"embed/embedding$", P("vocab", "embed"))]
+
+
+def flops_per_example(cfg: TransformerConfig) -> float:
+  """Model FLOPs of one training example at full length: 3x (forward + backward) the
+  encoder (self-attention, MLP), the decoder (self- and cross-attention, MLP) and
+  the output projection 2*L*H*V."""
+  m, n = cfg.model, cfg.data.max_length
+  h = m.width
+  encoder = blocks.attention_flops(n, n, h) + blocks.mlp_flops(n, h, m.mlp_width)
+  decoder = (2 * blocks.attention_flops(n, n, h) + blocks.mlp_flops(n, h, m.mlp_width))
+  head = 2 * n * h * m.vocab_size
+  return 3.0 * (m.encoder_layers * encoder + m.decoder_layers * decoder + head)
