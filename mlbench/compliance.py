@@ -8,6 +8,15 @@ folder with absolute `enqueue_config` paths (the checker resolves a relative
 exactly the keys and constraints of the official ones and differ only in the
 target; `python -m mlperf_logging.compliance_checker --config <derived>` checks
 a mini log with the unmodified official tool.
+
+A benchmark of mlbench's own (`moe`) is modelled on an official one
+(`Rule.checker_benchmark`, e.g. gpt_oss_20b): the derived rules accept its name
+as `submission_benchmark`, and its `closed_<benchmark>.yaml` and
+`open_<benchmark>.yaml` are the official benchmark's files with our target and
+with our constraints on the keys our rule file lists (each official value check
+of such a key is replaced by ours, or dropped where ours has none; keys the
+official file lacks are added as required). Keys of the ruleset's common files
+keep their official checks.
 """
 
 from __future__ import annotations
@@ -44,12 +53,14 @@ def checker_config(rule: rules_lib.Rule, cache_dir: Path) -> Path | None:
   """The `--config` file the checker needs for `rule`; None for official rules."""
   if rule.official:
     return None
-  base = rules_lib.load(rule.benchmark, rule.checker_ruleset)
-  key = "|".join([rule.benchmark, rule.checker_ruleset, repr(rule.quality),
-                  metadata.version("mlperf-logging")])
-  root = cache_dir / "checker" / f"{rule.ruleset}-{rule.benchmark}-{_digest(key)}"
+  base = rules_lib.find(rule.checker_benchmark, rule.checker_ruleset)
+  parts = [rule.benchmark, rule.checker_ruleset, repr(rule.quality),
+           metadata.version("mlperf-logging")]
+  if rule.modelled:
+    parts += [rule.checker_benchmark, repr(rule.hyperparameters)]
+  root = cache_dir / "checker" / f"{rule.ruleset}-{rule.benchmark}-{_digest('|'.join(parts))}"
   if not root.is_dir():
-    _derive(rule, base, root)
+    _derive(rule, None if base is None else base.quality.target, root)
   return root / f"{rule.checker_usage}_{rule.checker_ruleset}" / "common.yaml"
 
 
@@ -57,8 +68,12 @@ def _digest(text: str) -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _derive(rule: rules_lib.Rule, base: rules_lib.Rule, root: Path) -> None:
-  """Writes the derived rule files under `root`, atomically."""
+def _derive(rule: rules_lib.Rule, official_target: float | None, root: Path) -> None:
+  """Writes the derived rule files under `root`, atomically.
+
+  `official_target` picks the threshold to replace; None (mlbench has no rules
+  of the official benchmark) replaces the quality check's only threshold.
+  """
   import yaml
 
   if "'" in str(root.resolve()):
@@ -72,41 +87,116 @@ def _derive(rule: rules_lib.Rule, base: rules_lib.Rule, root: Path) -> None:
     if not re.fullmatch(rf"{rule.checker_usage}_\d+\.\d+\.\d+", folder.name):
       continue
     (tmp / folder.name).mkdir()
+    ours = folder.name.endswith(f"_{rule.checker_ruleset}")
+    common = _common_keys(folder) if ours and rule.modelled else set()
     for f in folder.glob("*.yaml"):
       text = f.read_text().replace(_ENQUEUE, f"{_ENQUEUE}{absolute}/")
-      if (folder.name.endswith(f"_{rule.checker_ruleset}")
-          and f.stem in (f"closed_{rule.benchmark}", f"open_{rule.benchmark}")):
+      name = f.name
+      if ours and f.stem in (f"closed_{rule.checker_benchmark}", f"open_{rule.checker_benchmark}"):
         records = yaml.load(text, Loader=yaml.BaseLoader) or []
-        replaced += _retarget(records, rule, base)
+        replaced += _retarget(records, rule, official_target)
+        if rule.modelled:  # Ours is a copy under our name; the official file stays as is.
+          (tmp / folder.name / name).write_text(text)
+          _constrain(records, rule, common, closed=f.stem.startswith("closed_"))
+          name = name.replace(rule.checker_benchmark, rule.benchmark, 1)
         text = yaml.safe_dump(records, sort_keys=False, width=1000)
-      (tmp / folder.name / f.name).write_text(text)
+      elif ours and rule.modelled:
+        records = yaml.load(text, Loader=yaml.BaseLoader) or []
+        if _accept(records, rule):
+          text = yaml.safe_dump(records, sort_keys=False, width=1000)
+      (tmp / folder.name / name).write_text(text)
   if replaced == 0:
     shutil.rmtree(tmp)
-    raise UserError(f"could not find the {rule.benchmark} quality target {base.quality.target} in "
-                    f"the {rule.checker_ruleset} checker rules; is mlperf-logging too new?")
+    raise UserError(f"could not find the {rule.checker_benchmark} quality target "
+                    f"{official_target or ''} in the {rule.checker_ruleset} checker rules; "
+                    "is mlperf-logging too new?")
   try:
     os.rename(tmp, root)
   except OSError:  # Another process derived the same rules first.
     shutil.rmtree(tmp)
 
 
-def _retarget(records: list, rule: rules_lib.Rule, base: rules_lib.Rule) -> int:
+def _keys(records: list) -> list[dict]:
+  """The bodies of a checker file's KEY records."""
+  return [r["KEY"] for r in records if isinstance(r, dict) and isinstance(r.get("KEY"), dict)]
+
+
+def _retarget(records: list, rule: rules_lib.Rule, official_target: float | None) -> int:
   """Replaces the official threshold in the quality key's ATLEAST_ONE_CHECK."""
   pattern = _THRESHOLD[rule.quality.direction]
   count = 0
-  for record in records:
-    body = record.get("KEY") if isinstance(record, dict) else None
-    if not body or body.get("NAME") != rule.quality.key or "ATLEAST_ONE_CHECK" not in body:
+  for body in _keys(records):
+    if body.get("NAME") != rule.quality.key or "ATLEAST_ONE_CHECK" not in body:
       continue
     check = body["ATLEAST_ONE_CHECK"]
     found = [m for m in re.finditer(pattern, check)
-             if abs(float(m.group(2)) - base.quality.target) < 1e-9]
+             if official_target is None or abs(float(m.group(2)) - official_target) < 1e-9]
     if len(found) != 1:
       continue
     m = found[0]
     body["ATLEAST_ONE_CHECK"] = (check[:m.start(2)] + repr(rule.quality.target)
                                  + check[m.end(2):])
     count += 1
+  return count
+
+
+# Our named operators as the checker's Python expressions (same semantics).
+_EXPRESSIONS = {"eq": "v['value'] == {!r}", "gt": "v['value'] > {!r}",
+                "ge": "v['value'] >= {!r}", "lt": "v['value'] < {!r}",
+                "le": "v['value'] <= {!r}", "in": "v['value'] in {!r}",
+                "multiple_of": "is_integer(v['value'] / {!r})"}
+
+
+def _expression(h: rules_lib.Hyperparameter) -> str:
+  """A hyperparameter's checks as one checker CHECK expression ('' for none)."""
+  unsupported = sorted(set(h.check) - set(_EXPRESSIONS))
+  if h.when or h.metadata or unsupported:
+    raise UserError(f"cannot write the rule for {h.key} as a checker check (conditions, "
+                    f"metadata or {unsupported} are not supported for a modelled benchmark)")
+  return " and ".join(_EXPRESSIONS[op].format(arg) for op, arg in h.check.items())
+
+
+def _common_keys(folder: Path) -> set[str]:
+  """Keys the ruleset's common files check, whatever the benchmark."""
+  import yaml
+
+  out = set()
+  for f in folder.glob("*common.yaml"):
+    out |= {b.get("NAME") for b in _keys(yaml.load(f.read_text(), Loader=yaml.BaseLoader) or [])}
+  return out
+
+
+def _constrain(records: list, rule: rules_lib.Rule, common: set[str], *, closed: bool) -> None:
+  """Gives the keys our rule lists our checks (official ones replaced, or dropped where
+  ours has none; the open division gets none), and adds the keys the official
+  benchmark file lacks, unless a common file checks them."""
+  ours = {h.key: h for h in rule.hyperparameters}
+  check = _expression if closed else (lambda h: "")
+  seen = set()
+  for body in _keys(records):
+    h = ours.get(body.get("NAME"))
+    if h is None:
+      continue
+    seen.add(h.key)
+    body.pop("CHECK", None)
+    if expr := check(h):
+      body["CHECK"] = expr
+  for h in rule.hyperparameters:
+    if h.key not in seen and h.key not in common:
+      body = {"NAME": h.key, "REQ": "EXACTLY_ONE"}
+      if expr := check(h):
+        body["CHECK"] = expr
+      records.append({"KEY": body})
+
+
+def _accept(records: list, rule: rules_lib.Rule) -> int:
+  """Adds our benchmark name wherever the official one is an accepted submission_benchmark."""
+  official, ours = f"'{rule.checker_benchmark}'", f"'{rule.benchmark}'"
+  count = 0
+  for body in _keys(records):
+    if body.get("NAME") == "submission_benchmark" and official in body.get("CHECK", ""):
+      body["CHECK"] = body["CHECK"].replace(official, f"{official}, {ours}")
+      count += 1
   return count
 
 

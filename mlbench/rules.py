@@ -3,7 +3,10 @@
 One file per ruleset and benchmark (`rules/training_4.0.0/resnet.yaml`,
 `rules/mini/resnet.yaml`), validated against `rules/schema.json`. A file may
 `extends:` another and override parts of it (the mini rules change only the
-target). Nothing here is code in disguise: constraints are named operators.
+target). A benchmark of mlbench's own (`moe`) names the official benchmark its
+rules are modelled on (`checker: {benchmark: gpt_oss_20b}`), whose checker
+rules mlbench derives its logs' checker rules from. Nothing here is code in
+disguise: constraints are named operators.
 """
 
 from __future__ import annotations
@@ -154,6 +157,7 @@ class Rule:
   benchmark: str
   checker_usage: str
   checker_ruleset: str
+  checker_benchmark: str  # the official benchmark the checker rules come from
   quality: Quality
   evaluation: Evaluation
   convergence_unit: Unit
@@ -165,6 +169,11 @@ class Rule:
   @property
   def official(self) -> bool:
     return self.ruleset != MINI
+
+  @property
+  def modelled(self) -> bool:
+    """A benchmark of mlbench's own, checked with rules derived from an official one's."""
+    return self.checker_benchmark != self.benchmark
 
   def required_keys(self, hparams: Mapping[str, Any]) -> list[str]:
     return [h.key for h in self.hyperparameters if h.applies(hparams)]
@@ -299,6 +308,7 @@ def _build(doc: dict[str, Any], path: Path) -> Rule:
       benchmark=doc["benchmark"],
       checker_usage=doc["checker"]["usage"],
       checker_ruleset=str(doc["checker"]["ruleset"]),
+      checker_benchmark=doc["checker"].get("benchmark", doc["benchmark"]),
       quality=Quality(q["key"], float(q["target"]), Direction(q["direction"])),
       evaluation=evaluation,
       convergence_unit=Unit(doc["convergence_unit"]),

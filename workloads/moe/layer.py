@@ -1,0 +1,215 @@
+"""The Mixture-of-Experts feed-forward: GShard top-2 (or Switch top-1) routing with
+expert capacity, the auxiliary losses, and expert parallelism by all-to-all.
+
+Routing (`route`) follows GShard's Algorithm 1 (Lepikhin et al. 2020) as the
+Lingvo/praxis `top2_gating` implements it: router logits and softmax in
+float32; the first expert is the argmax, the second the argmax with the first
+masked out; the two gates are renormalised to sum to 1 before any token is
+dropped; each expert takes at most C = ceil(capacity_factor * k * S / E)
+tokens per group, positions are given in token order, and every first choice
+is served before any second choice. Top-1 (Switch Transformer) keeps the raw
+router probability as its gate. A token an expert cannot take gets nothing from
+it; a token no expert takes passes through the layer's residual unchanged.
+
+Losses: GShard's load-balancing loss `E^2 * mean_{g,e}(f_ge * p_ge)` (f: share
+of the group's tokens whose first choice is e; p: mean router probability of e)
+and ST-MoE's router z-loss `mean(logsumexp(logits)^2)` (Zoph et al. 2022).
+
+Expert parallelism (`moe_ffn` with a mesh): an explicit per-device program
+(`jax.shard_map`) over the token axes (`data`, `expert`). Each device routes
+its own groups, all-to-alls the dispatched slots to the devices holding their
+experts (mesh axis `expert`), runs its experts, and all-to-alls the results
+back: two all-to-alls per layer and direction, and no token is all-gathered
+(GSPMD sharding annotations alone were seen to all-gather the tokens on CPU).
+
+Shape suffixes: G groups (one sequence each), S tokens per group, E experts,
+C capacity (slots per expert and group), M model width, F expert hidden width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from mlbench.errors import UserError
+
+EXPERT = "expert"
+TOKEN_AXES = ("data", "expert")
+"""Mesh axes the groups are split over: all of GShard's devices hold tokens."""
+
+
+def capacity(tokens: int, experts: int, k: int, factor: float) -> int:
+  """Slots per expert and group: C = ceil(capacity_factor * k * tokens / experts)."""
+  return max(1, math.ceil(factor * k * tokens / experts))
+
+
+@dataclasses.dataclass(frozen=True)
+class Routing:
+  """Where every token of every group goes, and what routing it cost.
+
+  Attributes:
+    combine_GSEC: the gate weight of token s in slot c of expert e (0: not there).
+    dispatch_GSEC: 1 where token s occupies slot c of expert e, else 0.
+    aux_loss: GShard's load-balancing loss, averaged over groups.
+    z_loss: the router z-loss, averaged over tokens.
+    counts: sums over this shard's tokens, added across devices before use:
+      `tokens`, `assignments` (k per token), `dropped_assignments` (routed but
+      over capacity), `dropped_tokens` (served by no expert), `load_E` (first
+      and second choices per expert, before capacity).
+  """
+
+  combine_GSEC: jax.Array
+  dispatch_GSEC: jax.Array
+  aux_loss: jax.Array
+  z_loss: jax.Array
+  counts: dict[str, jax.Array]
+
+
+def route(logits_GSE: jax.Array, *, k: int, capacity_per_group: int) -> Routing:
+  """GShard top-2 (k=2) or Switch top-1 (k=1) routing of `logits_GSE`."""
+  if k not in (1, 2):
+    raise ValueError(f"top_k must be 1 or 2, got {k}")
+  logits_GSE = logits_GSE.astype(jnp.float32)
+  e = logits_GSE.shape[-1]
+  c = capacity_per_group
+  gates_GSE = jax.nn.softmax(logits_GSE, axis=-1)
+  mask1_GSE = jax.nn.one_hot(jnp.argmax(logits_GSE, axis=-1), e, dtype=jnp.float32)
+  gate1_GS = jnp.sum(gates_GSE * mask1_GSE, axis=-1)
+  # Load balancing counts first choices only (GShard eq. 4; Switch for k=1).
+  aux_loss = jnp.mean(jnp.mean(mask1_GSE, axis=1) * jnp.mean(gates_GSE, axis=1)) * e * e
+  z_loss = jnp.mean(jnp.square(jax.nn.logsumexp(logits_GSE, axis=-1)))
+  choices = [(mask1_GSE, gate1_GS)]
+  if k == 2:
+    # Argmax of the logits with the first choice at -inf: the same order as the
+    # gates, without ties between gates that underflow to 0.
+    masked_GSE = jnp.where(mask1_GSE > 0, -jnp.inf, logits_GSE)
+    mask2_GSE = jax.nn.one_hot(jnp.argmax(masked_GSE, axis=-1), e, dtype=jnp.float32)
+    gate2_GS = jnp.sum(gates_GSE * mask2_GSE, axis=-1)
+    denom_GS = jnp.maximum(gate1_GS + gate2_GS, jnp.finfo(jnp.float32).eps)
+    # Renormalised before dropping: a token that loses its second expert keeps
+    # only its first expert's share (GShard).
+    choices = [(mask1_GSE, gate1_GS / denom_GS), (mask2_GSE, gate2_GS / denom_GS)]
+  load_E = sum(jnp.sum(m, axis=(0, 1)) for m, _ in choices)
+
+  combine_GSEC = jnp.zeros(logits_GSE.shape + (c,), jnp.float32)
+  dispatch_GSEC = jnp.zeros_like(combine_GSEC)
+  served_GE = jnp.zeros(logits_GSE.shape[:1] + (e,), jnp.float32)  # slots already taken
+  kept_GS = jnp.zeros(logits_GSE.shape[:2], jnp.float32)
+  for mask_GSE, gate_GS in choices:
+    # Exclusive cumulative count: the token's place in its expert's queue, after
+    # every token of earlier choices (first choices are served first).
+    position_GSE = jnp.cumsum(mask_GSE, axis=1) - mask_GSE + served_GE[:, None, :]
+    mask_GSE = mask_GSE * (position_GSE < c)
+    served_GE = served_GE + jnp.sum(mask_GSE, axis=1)
+    slot_GSC = jax.nn.one_hot(jnp.sum(position_GSE * mask_GSE, axis=-1).astype(jnp.int32), c,
+                              dtype=jnp.float32)
+    placed_GSEC = mask_GSE[..., None] * slot_GSC[:, :, None, :]
+    dispatch_GSEC = dispatch_GSEC + placed_GSEC
+    combine_GSEC = combine_GSEC + gate_GS[..., None, None] * placed_GSEC
+    kept_GS = kept_GS + jnp.sum(mask_GSE, axis=-1)
+  tokens = jnp.asarray(kept_GS.size, jnp.float32)
+  counts = {"tokens": tokens, "assignments": k * tokens,
+            "dropped_assignments": k * tokens - jnp.sum(kept_GS),
+            "dropped_tokens": jnp.sum((kept_GS == 0).astype(jnp.float32)), "load_E": load_E}
+  return Routing(combine_GSEC, dispatch_GSEC, aux_loss, z_loss, counts)
+
+
+def experts(x_EGCM: jax.Array, wi_EMF: jax.Array, wo_EFM: jax.Array,
+            activation: Callable[[jax.Array], jax.Array] = jax.nn.relu) -> jax.Array:
+  """Each expert's two-layer feed-forward over its slots (no biases, as GShard)."""
+  h_EGCF = activation(jnp.einsum("egcm,emf->egcf", x_EGCM, wi_EMF.astype(x_EGCM.dtype)))
+  return jnp.einsum("egcf,efm->egcm", h_EGCF, wo_EFM.astype(x_EGCM.dtype))
+
+
+def summarize(aux_loss: jax.Array, z_loss: jax.Array, counts: dict[str, jax.Array]
+              ) -> dict[str, jax.Array]:
+  """The layer's reported numbers, from counts summed over all groups."""
+  load_E = counts["load_E"]
+  return {"aux_loss": aux_loss, "z_loss": z_loss,
+          "dropped_tokens": counts["dropped_tokens"] / counts["tokens"],
+          "dropped_assignments": counts["dropped_assignments"] / counts["assignments"],
+          "load_max_over_mean": jnp.max(load_E) / jnp.maximum(jnp.mean(load_E), 1e-9)}
+
+
+def _local(x_GSM: jax.Array, router_ME: jax.Array, wi_EMF: jax.Array, wo_EFM: jax.Array, *,
+           k: int, capacity_factor: float, activation: Callable, expert_axis: str | None,
+           reduce_axes: tuple[str, ...]) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """The MoE layer on one device's groups; with `expert_axis`, its experts are a shard."""
+  e = router_ME.shape[-1]
+  logits_GSE = jnp.einsum("gsm,me->gse", x_GSM.astype(jnp.float32), router_ME)
+  routing = route(logits_GSE, k=k,
+                  capacity_per_group=capacity(x_GSM.shape[1], e, k, capacity_factor))
+  x_EGCM = jnp.einsum("gsec,gsm->egcm", routing.dispatch_GSEC.astype(x_GSM.dtype), x_GSM)
+  if expert_axis is not None:  # [E, G, ...] -> this device's experts: [E/n, n*G, ...]
+    x_EGCM = jax.lax.all_to_all(x_EGCM, expert_axis, split_axis=0, concat_axis=1, tiled=True)
+  y_EGCM = experts(x_EGCM, wi_EMF, wo_EFM, activation)
+  if expert_axis is not None:  # and back to the devices that hold the tokens
+    y_EGCM = jax.lax.all_to_all(y_EGCM, expert_axis, split_axis=1, concat_axis=0, tiled=True)
+  y_GSM = jnp.einsum("gsec,egcm->gsm", routing.combine_GSEC.astype(y_EGCM.dtype), y_EGCM)
+  counts, aux, z = routing.counts, routing.aux_loss, routing.z_loss
+  if reduce_axes:  # Every device holds the same number of groups: means are pmeans.
+    counts = jax.lax.psum(counts, reduce_axes)
+    aux, z = jax.lax.pmean(aux, reduce_axes), jax.lax.pmean(z, reduce_axes)
+  return y_GSM, summarize(aux, z, counts)
+
+
+def token_axes(mesh: Any) -> tuple[str, ...]:
+  """The mesh axes the tokens (groups) are split over."""
+  return tuple(a for a in TOKEN_AXES if a in mesh.shape)
+
+
+def expert_shards(mesh: Any | None) -> int:
+  """Devices the experts are split over (the `expert` axis; 1 without one)."""
+  return int(mesh.shape.get(EXPERT, 1)) if mesh is not None else 1
+
+
+def moe_ffn(x_GSM: jax.Array, router_ME: jax.Array, wi_EMF: jax.Array, wo_EFM: jax.Array, *,
+            k: int, capacity_factor: float, mesh: Any | None = None,
+            activation: Callable[[jax.Array], jax.Array] = jax.nn.relu
+            ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """The MoE feed-forward of groups of tokens, and its routing statistics.
+
+  Args:
+    x_GSM: the tokens, one group per row.
+    router_ME: the router's weights (float32).
+    wi_EMF, wo_EFM: every expert's two weight matrices.
+    k: experts per token (2: GShard, 1: Switch).
+    capacity_factor: capacity relative to a perfectly even split.
+    mesh: run as an explicit per-device program over this mesh (groups split
+      over `data` and `expert`, experts over `expert`); None: one program.
+    activation: the experts' hidden activation.
+
+  Returns:
+    (y_GSM, stats): the layer output (0 for tokens no expert took) and scalars
+    `aux_loss`, `z_loss`, `dropped_tokens`, `dropped_assignments` (fractions)
+    and `load_max_over_mean` (the busiest expert's first and second choices
+    over the mean; 1 is perfect balance), over all groups.
+  """
+  e = router_ME.shape[-1]
+  if mesh is None or mesh.devices.size == 1:
+    return _local(x_GSM, router_ME, wi_EMF, wo_EFM, k=k, capacity_factor=capacity_factor,
+                  activation=activation, expert_axis=None, reduce_axes=())
+  from jax.sharding import PartitionSpec as P
+
+  axes = token_axes(mesh)
+  shards = expert_shards(mesh)
+  if e % shards:
+    raise UserError(f"{e} experts do not split over the {shards} devices of mesh axis "
+                    f"'{EXPERT}'; use an expert axis that divides model.moe.num_experts")
+  groups = int(math.prod(mesh.shape[a] for a in axes))
+  if x_GSM.shape[0] % groups:
+    raise UserError(f"{x_GSM.shape[0]} sequences do not split over the {groups} devices of "
+                    f"mesh axes {axes}; use batch sizes that are multiples of {groups}")
+  expert_spec = P(EXPERT) if shards > 1 else P()
+  body = jax.shard_map(
+      lambda x, r, wi, wo: _local(x, r, wi, wo, k=k, capacity_factor=capacity_factor,
+                                  activation=activation,
+                                  expert_axis=EXPERT if shards > 1 else None, reduce_axes=axes),
+      mesh=mesh, in_specs=(P(axes), P(), expert_spec, expert_spec),
+      out_specs=(P(axes), P()), check_vma=True)
+  return body(x_GSM, router_ME, wi_EMF, wo_EFM)
