@@ -15,7 +15,7 @@ from typing import Any
 
 from mlbench import config as config_lib, data, mesh as mesh_lib, registry, results, rules
 from mlbench.config import Division, InputMode, RunConfig
-from mlbench.errors import UserError
+from mlbench.errors import UserError, choices
 from mlbench.runtime import Runtime
 from mlbench.workload import Schedule, StepContext, Workload
 
@@ -109,7 +109,12 @@ def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | Non
   workload = registry.get(rc.workload)
   name, cfg = config_lib.load(workload, rc.config)
   cfg = config_lib.override(cfg, rc.overrides)
-  rule = rules.load(workload.benchmark, rc.ruleset or rules.default_ruleset(workload.benchmark, name))
+  ruleset = rc.ruleset or rules.default_ruleset(workload.benchmark, name, workload.rulesets)
+  rule = rules.load(workload.benchmark, ruleset)
+  if ruleset not in rules.rulesets(workload.benchmark, workload.rulesets):
+    raise UserError(f"{workload.name} implements the {workload.benchmark} benchmark of rulesets "
+                    f"{choices(rules.rulesets(workload.benchmark, workload.rulesets))}, not "
+                    f"{ruleset}")
   schedule = workload.schedule(cfg)
   mesh = mesh_lib.make_mesh(dict(rc.mesh) if rc.mesh else None, devices=runtime.devices)
   _check_batches(schedule, runtime, mesh)

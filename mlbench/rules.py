@@ -17,7 +17,7 @@ import functools
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -216,20 +216,24 @@ def _folder(ruleset: str) -> str:
   return ruleset if ruleset == MINI else f"training_{ruleset}"
 
 
-def rulesets(benchmark: str) -> list[str]:
-  """Rulesets that have rules for `benchmark`, official ones newest first, then mini."""
+def rulesets(benchmark: str, only: Sequence[str] = ()) -> list[str]:
+  """Rulesets that have rules for `benchmark`, official ones newest first, then mini.
+
+  `only` (a workload's `rulesets`) keeps just those official rulesets, and mini.
+  """
   found = []
   for d in rules_dir().iterdir():
     if (d / f"{benchmark}.yaml").is_file():
       found.append(d.name.removeprefix("training_"))
-  official = sorted((r for r in found if r != MINI),
+  official = sorted((r for r in found if r != MINI and (not only or r in only)),
                     key=lambda r: tuple(int(p) for p in r.split(".")), reverse=True)
   return official + ([MINI] if MINI in found else [])
 
 
-def default_ruleset(benchmark: str, config_name: str) -> str:
-  """Mini configs follow the mini rules; every other config the newest official ones."""
-  available = rulesets(benchmark)
+def default_ruleset(benchmark: str, config_name: str, only: Sequence[str] = ()) -> str:
+  """Mini configs follow the mini rules; every other config the newest official ones
+  (of `only`, a workload's `rulesets`, if given)."""
+  available = rulesets(benchmark, only)
   if not available:
     raise UserError(f"no rules for benchmark '{benchmark}' in {rules_dir()}; add "
                     f"rules/<ruleset>/{benchmark}.yaml")

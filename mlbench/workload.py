@@ -263,6 +263,10 @@ class Workload:
     flops_per_example: analytic model FLOPs of one training example (forward
       and backward), or None to let the harness count them with XLA.
     default_config: the config `mlbench run <name>` uses.
+    rulesets: the official rulesets whose `benchmark` this workload implements,
+      for a benchmark key that has named different models over the rounds
+      (`ssd` is SSD-ResNet-34 up to 0.7.0 and RetinaNet from 1.1); empty: every
+      ruleset with rules for `benchmark`. The mini ruleset is always allowed.
   """
 
   name: str
@@ -280,6 +284,7 @@ class Workload:
   partition_rules: Callable[[Config], Sequence[tuple[str, Any]]] = lambda cfg: ()
   flops_per_example: Callable[[Config], float] | None = None
   default_config: str = "mini"
+  rulesets: tuple[str, ...] = ()
 
 
 def lazy(target: str) -> Callable[..., Any]:

@@ -18,12 +18,12 @@ def list_cmd() -> int:
   for col in ("workload", "benchmark", "metric", "target", "default config", "configs", "rulesets"):
     table.add_column(col)
   for w in registry.all_workloads():
-    ruleset = rules.default_ruleset(w.benchmark, w.default_config)
+    ruleset = rules.default_ruleset(w.benchmark, w.default_config, w.rulesets)
     rule = rules.load(w.benchmark, ruleset)
     sign = ">=" if rule.quality.direction is rules.Direction.HIGHER else "<="
     table.add_row(w.name, w.benchmark, f"{rule.quality.key} ({w.quality_metric})",
                   f"{sign} {rule.quality.target:g} ({ruleset})", w.default_config,
-                  ", ".join(w.configs), ", ".join(rules.rulesets(w.benchmark)))
+                  ", ".join(w.configs), ", ".join(rules.rulesets(w.benchmark, w.rulesets)))
   output.console(stderr=False).print(table)
   return 0
 
@@ -53,7 +53,7 @@ def _describe_one(console, w, name, cfg, ruleset) -> None:
   from mlbench.plan import harness_hparams
   from mlbench.workload import StepContext
 
-  rule = rules.load(w.benchmark, ruleset or rules.default_ruleset(w.benchmark, name))
+  rule = rules.load(w.benchmark, ruleset or rules.default_ruleset(w.benchmark, name, w.rulesets))
   sched = w.schedule(cfg)
   ctx = StepContext(mesh=mesh_lib.make_mesh({"data": 1}, devices=_one_device()))
   params = steps.count_params(w, cfg)
@@ -98,9 +98,18 @@ def _describe_rule(console, rule, logged) -> None:
     value = logged.get(key, "[red]missing")
     constraint = ", ".join(f"{op} {arg!r}" for op, arg in h.check.items()) if h else ""
     bad = h is not None and key in logged and h.violation(*unpack(logged[key]))
-    table.add_row(key, f"[red]{value!r}" if bad else repr(value) if key in logged else value,
-                  "yes" if h else "", constraint)
+    shown = _shown(logged[key]) if key in logged else value
+    table.add_row(key, f"[red]{shown}" if bad else shown, "yes" if h else "", constraint)
   console.print(table)
+
+
+def _shown(hparam) -> str:
+  """A logged value as repr, with its line metadata if it carries any."""
+  from mlbench.workload import unpack
+
+  value, metadata = unpack(hparam)
+  extra = ", ".join(f"{k}: {v}" for k, v in metadata.items())
+  return f"{value!r} ({extra})" if extra else repr(value)
 
 
 def _one_device():

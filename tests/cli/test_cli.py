@@ -27,7 +27,7 @@ def test_help_and_list_import_no_heavy_framework(args):
 def test_a_bad_request_is_one_line_on_stderr_with_exit_code_2(mlbench):
   out = mlbench("run", "resnet51", timeout=120)
   assert out.returncode == 2
-  assert out.stderr == "error: unknown workload 'resnet51'; choose one of: bert, resnet50\n"
+  assert out.stderr == "error: unknown workload 'resnet51'; choose one of: bert, moe, resnet50, ssd, transformer\n"
   assert out.stdout == ""
 
 
@@ -49,7 +49,7 @@ def test_a_bad_request_is_one_line_on_stderr_with_exit_code_2(mlbench):
     (["run", "resnet50", "--division", "half"], "error: Invalid value for '--division'"),
     (["run", "resnet50", "--runs", "0"], "error: Invalid value for '--runs'"),
     (["run", "resnet50", "--bogus"], "error: no such option --bogus"),
-    (["describe", "resnet5"], "error: unknown workload 'resnet5'; choose one of: bert, resnet50"),
+    (["describe", "resnet5"], "error: unknown workload 'resnet5'; choose one of: bert, moe, resnet50, ssd, transformer"),
     (["run"], "error: Missing argument 'WORKLOAD'. (see `mlbench run --help`)"),
     (["run", "resnet50", "--mesh", "data=3"], "error: mesh {'data': 3} needs 3 devices, there "
                                               "are 8"),

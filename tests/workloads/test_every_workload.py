@@ -72,6 +72,6 @@ def test_logged_hyperparameters_satisfy_every_ruleset(compiled):
     c = w.configs[config_name]()
     s = w.schedule(c)
     logged = {**harness_hparams(s), **w.hparams(c, s, ctx)}
-    for ruleset in rules.rulesets(w.benchmark):
+    for ruleset in rules.rulesets(w.benchmark, w.rulesets):
       assert rules.load(w.benchmark, ruleset).problems(logged, closed=True) == [], (
           config_name, ruleset)

@@ -1,0 +1,152 @@
+"""SSD's pure functions for the harness: init, loss, eval step, optimizer, logged keys.
+
+Shape legend: B batch, A default boxes, K classes (with background).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from mlbench import optim
+from mlbench.workload import Schedule, StepContext
+from workloads.ssd import boxes, nms
+from workloads.ssd.config import AnchorConfig, SSDConfig
+from workloads.ssd.model import SSD
+
+NEGATIVES_PER_POSITIVE = 3  # hard-negative mining ratio of the reference's Loss
+
+
+def schedule(cfg: SSDConfig) -> Schedule:
+  return Schedule(global_batch_size=cfg.global_batch_size, eval_batch_size=cfg.eval_batch_size,
+                  train_examples=cfg.data.train_examples, eval_examples=cfg.data.eval_examples,
+                  max_train_samples=int(round(cfg.train_epochs * cfg.data.train_examples)))
+
+
+@functools.cache
+def anchors(cfg: AnchorConfig, image_size: int) -> np.ndarray:
+  """The default boxes [A, 4] (xywh), computed once per config."""
+  return boxes.default_boxes(cfg, image_size)
+
+
+def _model(cfg: SSDConfig, bn_groups: int = 1) -> SSD:
+  return SSD(cfg.model, cfg.anchors, bn_groups)
+
+
+def init(cfg: SSDConfig, rng: jax.Array) -> tuple[Any, Any]:
+  size = cfg.data.image_size
+  variables = _model(cfg).init(rng, jnp.zeros((1, size, size, 3), jnp.float32), train=False)
+  return variables["params"], {"batch_stats": variables["batch_stats"]}
+
+
+def multibox_loss(loc_BA4: jax.Array, logits_BAK: jax.Array, targets_BA4: jax.Array,
+                  labels_BA: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """The reference's `Loss` (base_model.py): smooth L1 on the positives' box offsets,
+  cross-entropy on the positives and the 3x as many negatives with the highest
+  cross-entropy, both summed per image and divided by its positives (images
+  without any contribute 0), averaged over the batch."""
+  pos_BA = labels_BA > 0
+  n_pos_B = pos_BA.sum(axis=1)
+  smooth_l1_BA = optax.huber_loss(loc_BA4, targets_BA4, delta=1.0).sum(axis=-1)
+  loc_B = jnp.where(pos_BA, smooth_l1_BA, 0.0).sum(axis=1)
+  xent_BA = optax.softmax_cross_entropy_with_integer_labels(logits_BAK, labels_BA)
+  negatives_BA = jnp.where(pos_BA, 0.0, xent_BA)
+  rank_BA = jnp.argsort(jnp.argsort(-negatives_BA, axis=1), axis=1)
+  hard_BA = rank_BA < jnp.minimum(NEGATIVES_PER_POSITIVE * n_pos_B, pos_BA.shape[1])[:, None]
+  conf_B = (xent_BA * (pos_BA.astype(jnp.float32) + hard_BA.astype(jnp.float32))).sum(axis=1)
+  scale_B = jnp.where(n_pos_B > 0, 1.0 / jnp.maximum(n_pos_B, 1), 0.0)
+  return ((loc_B + conf_B) * scale_B).mean(), {"loc_loss": (loc_B * scale_B).mean(),
+                                               "conf_loss": (conf_B * scale_B).mean(),
+                                               "positives": n_pos_B.mean()}
+
+
+def loss(cfg: SSDConfig, ctx: StepContext, params: Any, state: Any, batch: Any,
+         rng: jax.Array) -> tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]:
+  """Matches the padded ground truth to the default boxes on the device, then
+  `multibox_loss`; batch-norm statistics over ctx.bn_groups groups."""
+  del rng  # No dropout; augmentation happens in the input pipeline.
+  (loc_BA4, logits_BAK), updates = _model(cfg, ctx.bn_groups).apply(
+      {"params": params, **state}, batch["image"], train=True, mutable=["batch_stats"])
+  targets_BA4, labels_BA = boxes.match_batch(
+      batch["boxes"], batch["classes"], anchors(cfg.anchors, cfg.data.image_size), cfg.anchors)
+  total, metrics = multibox_loss(loc_BA4, logits_BAK, targets_BA4, labels_BA)
+  return total, ({"batch_stats": updates["batch_stats"]}, metrics)
+
+
+def eval_step(cfg: SSDConfig, ctx: StepContext, params: Any, state: Any,
+              batch: Any) -> dict[str, jax.Array]:
+  """Per image: the top detections after per-class NMS (fixed size; score 0 = empty)."""
+  del ctx
+  loc_BA4, logits_BAK = _model(cfg).apply({"params": params, **state}, batch["image"],
+                                          train=False)
+  out = nms.detect(loc_BA4, logits_BAK, anchors(cfg.anchors, cfg.data.image_size), cfg.anchors,
+                   cfg.eval)
+  return {f"det_{k}": v for k, v in out.items()}
+
+
+def _warmup_steps(cfg: SSDConfig, sched: Schedule) -> int:
+  return max(1, int(round(cfg.optimizer.warmup_epochs * sched.steps_per_epoch)))
+
+
+def _boundary_steps(cfg: SSDConfig, sched: Schedule) -> list[int]:
+  return [int(round(e * sched.steps_per_epoch)) for e in cfg.optimizer.decay_boundary_epochs]
+
+
+def learning_rate(cfg: SSDConfig, sched: Schedule) -> optax.Schedule:
+  """The reference's schedule (train.py `lr_warmup` and the step decay).
+
+  lr(t) = base - (W - t) * base / (W * 2^factor)   for t < W warmup steps
+        = base * decay^(boundaries passed)         otherwise,
+  with t the number of updates already applied.
+  """
+  o = cfg.optimizer
+  warmup = _warmup_steps(cfg, sched)
+  bounds = jnp.asarray(_boundary_steps(cfg, sched), jnp.float32)
+
+  def lr(count: jax.Array) -> jax.Array:
+    t = jnp.asarray(count, jnp.float32)
+    warm = o.base_learning_rate - (warmup - t) * o.base_learning_rate / (
+        warmup * 2.0 ** o.warmup_factor)
+    decayed = o.base_learning_rate * o.decay_factor ** jnp.sum(t >= bounds)
+    return jnp.where(t < warmup, warm, decayed)
+
+  return lr
+
+
+def optimizer(cfg: SSDConfig, sched: Schedule) -> optax.GradientTransformation:
+  """SGD with momentum; weight decay on every parameter, as torch.optim.SGD in the reference."""
+  o = cfg.optimizer
+  return optim.sgd_momentum(learning_rate(cfg, sched), momentum=o.momentum,
+                            weight_decay=o.weight_decay,
+                            mask=lambda params: jax.tree.map(lambda _: True, params))
+
+
+def hparams(cfg: SSDConfig, sched: Schedule, ctx: StepContext) -> dict[str, Any]:
+  """The keys closed_ssd.yaml (0.7.0) requires, named and valued as the reference logs them."""
+  o = cfg.optimizer
+  return {"model_bn_span": sched.global_batch_size // ctx.bn_groups,
+          "opt_base_learning_rate": o.base_learning_rate,
+          "opt_weight_decay": o.weight_decay,
+          "opt_learning_rate_warmup_factor": o.warmup_factor,
+          "opt_learning_rate_warmup_steps": _warmup_steps(cfg, sched),
+          "opt_learning_rate_decay_boundary_epochs": [_number(e) for e in
+                                                      o.decay_boundary_epochs],
+          "max_samples": cfg.data.crop_tries}
+
+
+def _number(x: float) -> int | float:
+  return int(x) if float(x).is_integer() else float(x)
+
+
+def partition_rules(cfg: SSDConfig) -> list[tuple[str, Any]]:
+  """Model parallelism by annotation: the output channels of every backbone and extra
+  convolution over `model` (the heads' box-times-class channels stay whole)."""
+  from jax.sharding import PartitionSpec as P
+
+  del cfg
+  return [(r"conv[^/]*/kernel$", P(None, None, None, "channels"))]
