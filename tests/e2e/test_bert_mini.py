@@ -6,20 +6,13 @@ Slow (a few minutes): trains for real on 8 simulated CPU devices. CI runs it.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import yaml
 
-from mlbench import compliance, config as config_lib, rules
+from mlbench import compliance, rules
 
 pytestmark = pytest.mark.slow
-
-
-def _log(path):
-  return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in path.read_text().splitlines()
-          if ":::MLLOG " in line]
 
 
 def _official_required_keys():
@@ -28,8 +21,8 @@ def _official_required_keys():
   return {r["KEY"]["NAME"] for r in records if r["KEY"].get("REQ") == "EXACTLY_ONE"}
 
 
-def test_the_bert_mini_run_reaches_its_target_with_a_compliant_log(mlbench, tmp_path,
-                                                                   bert_data_dir):
+def test_the_bert_mini_run_reaches_its_target_with_a_compliant_log(
+    mlbench, tmp_path, bert_data_dir, mllog_lines, official_check):
   out = mlbench("run", "bert", "--cpu-devices", "8", "--data-dir", str(bert_data_dir),
                 "--seed", "0", cwd=tmp_path)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -40,13 +33,9 @@ def test_the_bert_mini_run_reaches_its_target_with_a_compliant_log(mlbench, tmp_
   log = tmp_path / report["log"]
 
   # The official checker, run here by the test itself, on the derived mini rules.
-  config = compliance.checker_config(rule, config_lib.default_cache_dir())
-  check = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage",
-                          "training", "--ruleset", "4.0.0", "--config", str(config), str(log)],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
-  assert check.returncode == 0 and "SUCCESS" in check.stdout + check.stderr
+  official_check(log, rule)
 
-  lines = _log(log)
+  lines = mllog_lines(log)
   logged = {d["key"]: d["value"] for d in lines}
   assert _official_required_keys() <= set(logged)
   assert logged["submission_benchmark"] == "bert" and logged["opt_lamb_beta_1"] == 0.9

@@ -7,13 +7,11 @@ and expert parallel. CI runs it.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import yaml
 
-from mlbench import compliance, config as config_lib, rules
+from mlbench import compliance, rules
 
 pytestmark = pytest.mark.slow
 
@@ -31,11 +29,6 @@ def moe_data_dir(_cache_dir):
   return path
 
 
-def _log(path):
-  return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in path.read_text().splitlines()
-          if ":::MLLOG " in line]
-
-
 def _official_required_keys():
   """Every key the 6.1.0 checker requires exactly once of a gpt_oss_20b log."""
   folder = compliance.checker_package_dir() / "training_6.1.0"
@@ -47,8 +40,8 @@ def _official_required_keys():
 
 
 @pytest.mark.parametrize("mesh", [None, "data=2,expert=4"], ids=["data8", "data2-expert4"])
-def test_the_moe_mini_run_reaches_its_target_with_a_compliant_log(mlbench, tmp_path,
-                                                                  moe_data_dir, mesh):
+def test_the_moe_mini_run_reaches_its_target_with_a_compliant_log(
+    mlbench, tmp_path, moe_data_dir, mesh, mllog_lines, official_check):
   out = mlbench("run", "moe", "--cpu-devices", "8", "--data-dir", str(moe_data_dir),
                 "--seed", "0", *(["--mesh", mesh] if mesh else []), cwd=tmp_path)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -62,13 +55,9 @@ def test_the_moe_mini_run_reaches_its_target_with_a_compliant_log(mlbench, tmp_p
   log = tmp_path / report["log"]
 
   # The official checker, run here by the test itself, on the derived rules.
-  config = compliance.checker_config(rule, config_lib.default_cache_dir())
-  check = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage",
-                          "training", "--ruleset", "6.1.0", "--config", str(config), str(log)],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
-  assert check.returncode == 0 and "SUCCESS" in check.stdout + check.stderr
+  official_check(log, rule)
 
-  lines = _log(log)
+  lines = mllog_lines(log)
   logged = {d["key"]: d["value"] for d in lines}
   assert _official_required_keys() - {"submission_benchmark"} <= set(logged)
   assert logged["submission_benchmark"] == "moe" and logged["moe_aux_loss_coeff"] == 0.01

@@ -14,21 +14,17 @@ from mlperf_logging.benchmark_meta import get_result_file_counts
 from mlperf_logging.package_checker.seed_checker import SeedChecker
 from mlperf_logging.system_desc_checker import system_desc_checker
 
-from mlbench import compliance, config as config_lib, results, rules
+from mlbench import results, rules
 
 pytestmark = pytest.mark.slow
-
-
-def _log(path):
-  return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in path.read_text().splitlines()
-          if ":::MLLOG " in line]
 
 
 def _by_key(lines, key):
   return [d for d in lines if d["key"] == key]
 
 
-def test_the_default_run_reaches_the_mini_target_with_a_compliant_log(mlbench, tmp_path, data_dir):
+def test_the_default_run_reaches_the_mini_target_with_a_compliant_log(
+    mlbench, tmp_path, data_dir, mllog_lines, official_check):
   out = mlbench("run", "resnet50", "--cpu-devices", "8", "--data-dir", str(data_dir),
                 cwd=tmp_path)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -40,13 +36,9 @@ def test_the_default_run_reaches_the_mini_target_with_a_compliant_log(mlbench, t
   assert log == tmp_path / "results" / "results" / report["log"].split("/")[2] / "resnet" / "result_0.txt"
 
   # The official checker, run here by the test itself, on the derived mini rules.
-  config = compliance.checker_config(rules.load("resnet", "mini"), config_lib.default_cache_dir())
-  check = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage",
-                          "training", "--ruleset", "4.0.0", "--config", str(config), str(log)],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
-  assert check.returncode == 0 and "SUCCESS" in check.stdout + check.stderr
+  official_check(log, rules.load("resnet", "mini"))
 
-  lines = _log(log)
+  lines = mllog_lines(log)
   keys = [d["key"] for d in lines]
   assert keys.index("init_stop") < keys.index("run_start") < keys.index("block_start")
   assert keys[-1] == "run_stop" and lines[-1]["metadata"]["status"] == "success"
@@ -66,7 +58,8 @@ def test_the_default_run_reaches_the_mini_target_with_a_compliant_log(mlbench, t
   assert [f for f in verdict["findings"] if f["severity"] != "INFO"] == []
 
 
-def test_runs_get_distinct_seeds_and_five_pass_the_package_checks(mlbench, tmp_path, data_dir):
+def test_runs_get_distinct_seeds_and_five_pass_the_package_checks(
+    mlbench, tmp_path, data_dir, mllog_lines):
   """--runs 3, then --runs 2 more: five logs, nothing overwritten, package checks pass."""
   args = ["run", "resnet50", "--set", "train_epochs=0.3", "--system", "cpu-pkg",
           "--data-dir", str(data_dir), "--cpu-devices", "8"]
@@ -78,7 +71,7 @@ def test_runs_get_distinct_seeds_and_five_pass_the_package_checks(mlbench, tmp_p
                                                             "result_2.txt"]
   before = {p.name: p.read_bytes() for p in results.result_files(folder)}
   for path, report in zip(results.result_files(folder), reports):
-    assert _by_key(_log(path), "seed")[0]["value"] == report["seed"]
+    assert _by_key(mllog_lines(path), "seed")[0]["value"] == report["seed"]
 
   mlbench(*args, "--runs", "2", cwd=tmp_path)
   files = results.result_files(folder)

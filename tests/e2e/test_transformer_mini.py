@@ -7,22 +7,16 @@ Slow (a few minutes): trains for real on 8 simulated CPU devices. CI runs it.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from mlbench import compliance, config as config_lib, rules
+from mlbench import rules
 
 pytestmark = pytest.mark.slow
 
 
-def _log(path):
-  return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in path.read_text().splitlines()
-          if ":::MLLOG " in line]
-
-
-def test_the_transformer_mini_run_reaches_its_target_with_a_compliant_log(mlbench, tmp_path):
+def test_the_transformer_mini_run_reaches_its_target_with_a_compliant_log(
+    mlbench, tmp_path, mllog_lines, official_check):
   out = mlbench("run", "transformer", "--cpu-devices", "8", "--seed", "0", cwd=tmp_path)
   assert out.returncode == 0, out.stderr[-3000:]
   report = json.loads(out.stdout.strip())
@@ -32,13 +26,9 @@ def test_the_transformer_mini_run_reaches_its_target_with_a_compliant_log(mlbenc
   log = tmp_path / report["log"]
 
   # The official checker, run here by the test itself, on the derived mini rules.
-  config = compliance.checker_config(rule, config_lib.default_cache_dir())
-  check = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage",
-                          "training", "--ruleset", "0.7.0", "--config", str(config), str(log)],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
-  assert check.returncode == 0 and "SUCCESS" in check.stdout + check.stderr
+  official_check(log, rule)
 
-  lines = _log(log)
+  lines = mllog_lines(log)
   logged = {d["key"]: d for d in lines}
   assert logged["submission_benchmark"]["value"] == "transformer"
   assert logged["max_sequence_length"]["metadata"]["method"] == "discard"
