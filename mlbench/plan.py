@@ -112,9 +112,9 @@ def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | Non
   ruleset = rc.ruleset or rules.default_ruleset(workload.benchmark, name, workload.rulesets)
   rule = rules.load(workload.benchmark, ruleset)
   if ruleset not in rules.rulesets(workload.benchmark, workload.rulesets):
-    raise UserError(f"{workload.name} implements the {workload.benchmark} benchmark of rulesets "
-                    f"{choices(rules.rulesets(workload.benchmark, workload.rulesets))}, not "
-                    f"{ruleset}")
+    raise UserError(f"{workload.name} does not implement the {ruleset} {workload.benchmark} "
+                    "benchmark; choose --ruleset from: "
+                    f"{choices(rules.rulesets(workload.benchmark, workload.rulesets))}")
   schedule = workload.schedule(cfg)
   mesh = mesh_lib.make_mesh(dict(rc.mesh) if rc.mesh else None, devices=runtime.devices)
   _check_batches(schedule, runtime, mesh)
