@@ -60,9 +60,10 @@ def translate(cfg: TransformerConfig, params: Any, inputs_BS: jax.Array) -> jax.
   encoded_BSH = model.apply({"params": params}, inputs_BS, method=Transformer.encode)
   encoded_NSH, inputs_NS = beam_search.tile_beams((encoded_BSH, inputs_BS), d.beam_size)
   decoder = Transformer(cfg.model, decode=True)
-  cache = decoder.init(jax.random.key(0), inputs_NS[:, :1],
-                       jnp.zeros((inputs_NS.shape[0], d.max_length), jnp.int32))["cache"]
-  cache = jax.tree.map(jnp.zeros_like, cache)
+  shapes = jax.eval_shape(lambda: decoder.init(  # shapes only: no forward pass is run
+      jax.random.key(0), inputs_NS[:, :1], jnp.zeros((inputs_NS.shape[0], d.max_length),
+                                                     jnp.int32))["cache"])
+  cache = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
 
   def logits_fn(last_N: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
     logits_N1V, updated = decoder.apply(
