@@ -22,14 +22,14 @@ def main() -> None:
   ap.add_argument("--rounds", type=int, default=5)
   args = ap.parse_args()
 
-  from mlbench import runtime
+  from mlbench.train import runtime
 
   rt = runtime.setup(cpu_devices=8)
   import jax
   import numpy as np
 
-  from mlbench import loop, mesh as mesh_lib, steps
-  from mlbench.progress import RunProgress
+  from mlbench.train import loop, mesh as mesh_lib, steps
+  from mlbench.train.progress import RunProgress
   from mlbench.workload import Split, StepContext
   from workloads.resnet50 import WORKLOAD, config
 

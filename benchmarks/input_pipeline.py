@@ -5,7 +5,7 @@ scikit-learn's two sample photographs and re-encoded; written once under the
 mlbench cache) and decode them with ResNet-50's full training preprocessing
 (bounding-box crop, decode-and-crop, flip, resize to 224). Naive: files read one
 after another, one decode at a time, TF's automatic optimisations off. Tuned
-(mlbench.data.train_dataset): files interleaved in parallel, cached, decoded on
+(mlbench.train.data.train_dataset): files interleaved in parallel, cached, decoded on
 every core, batched and prefetched, out of order allowed. Goal on 2 cores:
 >= 1.8x (2x is the ceiling).
 
@@ -25,7 +25,7 @@ N_IMAGES, N_FILES, BATCH = 2048, 16, 64
 def _records(folder):
   import numpy as np
 
-  from mlbench import data
+  from mlbench.train import data
 
   tf = data.tf()
   if (folder / "done").is_file():
@@ -52,7 +52,7 @@ def _records(folder):
 
 
 def _naive(files, decode):
-  from mlbench import data
+  from mlbench.train import data
 
   tf = data.tf()
   seeds = tf.data.Dataset.random(seed=0).batch(2)
@@ -72,7 +72,8 @@ def main() -> None:
   ap.add_argument("--rounds", type=int, default=4)
   args = ap.parse_args()
 
-  from mlbench import config as config_lib, data
+  from mlbench import config as config_lib
+  from mlbench.train import data
   from mlbench.workload import Split
   from workloads.resnet50 import config, input_pipeline
 

@@ -22,14 +22,15 @@ def main() -> None:
   ap.add_argument("--rounds", type=int, default=5)
   args = ap.parse_args()
 
-  from mlbench import runtime
+  from mlbench.train import runtime
 
   rt = runtime.setup(cpu_devices=8)
   import jax
   import jax.numpy as jnp
   import numpy as np
 
-  from mlbench import mesh as mesh_lib, registry, steps
+  from mlbench.train import mesh as mesh_lib, steps
+  from mlbench import registry
   from mlbench.workload import Split, StepContext
 
   w = registry.get(args.workload)

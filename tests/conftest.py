@@ -76,7 +76,7 @@ def write_log():
   """write_log(path, accuracies, *, seed=7, drop=(), status_success=True): a complete
   closed-division ResNet mini log written through MLLog, as `mlbench run` writes one."""
   from mlbench.mllog import MLLog
-  from mlbench.plan import harness_hparams
+  from mlbench.train.plan import harness_hparams
   from mlbench.workload import StepContext
   from workloads.resnet50 import WORKLOAD, config
 

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from mlbench.check import COLLECTIVES
+from mlbench.pod.check import COLLECTIVES
 from mlbench.cli import output
 from mlbench.cli.scaling import scaling_config, scaling_options
 from mlbench.config import RunConfig
@@ -30,8 +30,9 @@ def check_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...]
   step and the collectives in each compiled program, without running a step or
   reading data, so sharding and out-of-memory errors show before pod time.
   """
-  from mlbench import check, runtime as runtime_lib
-  from mlbench.plan import make_plan
+  from mlbench.pod import check
+  from mlbench.train import runtime as runtime_lib
+  from mlbench.train.plan import make_plan
 
   rc = RunConfig(workload=workload, config=config_name, overrides=tuple(overrides),
                  cpu_devices=cpu_devices, **scaling_config(scaling))

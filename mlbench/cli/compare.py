@@ -40,7 +40,7 @@ def compare_cmd(paths: tuple[Path, ...], ruleset: str | None, csv_file: Path | N
   for f in (csv_file, json_file, plot_file):
     if f is not None and f.exists():
       raise UserError(f"{f} already exists; choose another name (mlbench never overwrites)")
-  from mlbench import compare
+  from mlbench.verify import compare
 
   entries = compare.compare(list(paths), ruleset=ruleset, timeout_s=timeout_s)
   if not entries:
@@ -53,7 +53,7 @@ def compare_cmd(paths: tuple[Path, ...], ruleset: str | None, csv_file: Path | N
     doc = {"rows": rows, "entries": [_entry_json(e) for e in entries]}
     _write_new(json_file, json.dumps(doc, indent=2, default=str) + "\n")
   if plot_file:
-    from mlbench import plots
+    from mlbench.verify import plots
 
     tmp = plot_file.with_name(f".{plot_file.name}.{uuid.uuid4().hex[:8]}.png")
     plots.convergence(entries, tmp)

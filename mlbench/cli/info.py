@@ -49,8 +49,9 @@ def describe_cmd(workload: str, config_name: str | None, ruleset: str | None) ->
 def _describe_one(console, w, name, cfg, ruleset) -> None:
   from rich.table import Table
 
-  from mlbench import config as config_lib, mesh as mesh_lib, rules, steps
-  from mlbench.plan import harness_hparams
+  from mlbench import config as config_lib, rules
+  from mlbench.train import mesh as mesh_lib, steps
+  from mlbench.train.plan import harness_hparams
   from mlbench.workload import StepContext
 
   rule = rules.load(w.benchmark, ruleset or rules.default_ruleset(w.benchmark, name, w.rulesets))

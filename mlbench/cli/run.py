@@ -57,7 +57,7 @@ def run_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...],
   Prints one JSON line per run on stdout; progress and summaries on stderr.
   Exit code 0 when every run reached the target with a compliant log, else 1.
   """
-  from mlbench import runner  # Heavy: JAX, Flax, TensorFlow.
+  from mlbench.train import runner  # Heavy: JAX, Flax, TensorFlow.
 
   rc = RunConfig(workload=workload, config=config_name, overrides=tuple(overrides),
                  data_dir=data_dir or default_cache_dir() / "data", results_dir=results_dir,

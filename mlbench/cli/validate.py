@@ -32,7 +32,7 @@ def validate_cmd(path: Path, ruleset: str | None, usage: str, as_json: bool, tim
   systems/*.json, seed). Exit 0 when everything passes (under olympic scoring
   for packages), 1 when a rule fails, 2 for input that is not a log or package.
   """
-  from mlbench import validate
+  from mlbench.verify import validate
 
   report = validate.validate(path, ruleset=ruleset, usage=usage, timeout_s=timeout_s,
                              tolerance_ms=tolerance_ms)

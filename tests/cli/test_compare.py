@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from mlperf_logging.result_summarizer import result_summarizer
 
-from mlbench import compare
+from mlbench.verify import compare
 from mlbench.cli import main
 
 DATA = Path(__file__).parents[1] / "data" / "mlperf-results"

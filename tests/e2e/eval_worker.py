@@ -21,12 +21,12 @@ def main() -> None:
   p.add_argument("--process-id", type=int)
   args = p.parse_args()
 
-  from mlbench import runtime
+  from mlbench.train import runtime
 
   rt = runtime.setup(cpu_devices=args.devices, distributed=runtime.Distributed(
       args.coordinator, args.num_processes, args.process_id))
 
-  from mlbench import data, evaluate, mesh as mesh_lib, steps
+  from mlbench.train import data, evaluate, mesh as mesh_lib, steps
   from mlbench.workload import Split, StepContext
   from workloads.resnet50 import WORKLOAD, config, input_pipeline
 

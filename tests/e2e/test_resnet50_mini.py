@@ -47,7 +47,7 @@ def test_the_default_run_reaches_the_mini_target_with_a_compliant_log(
   evals = _by_key(lines, "eval_accuracy")
   assert [d["metadata"]["epoch_num"] for d in evals] == [4 * (i + 1) for i in range(len(evals))]
   assert evals[-1]["value"] >= target > max(d["value"] for d in evals[:-1])
-  assert _by_key(lines, "seed")[0]["metadata"]["file"] == "mlbench/loop.py"
+  assert _by_key(lines, "seed")[0]["metadata"]["file"] == "mlbench/train/loop.py"
   assert _by_key(lines, "submission_division")[0]["value"] == "closed"
 
   # mlbench's own validator finds nothing to say about mlbench's own log.

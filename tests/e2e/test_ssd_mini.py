@@ -77,13 +77,13 @@ def test_the_full_config_compiles_for_8_devices_from_shapes(mlbench, tmp_path):
 _WORKER = textwrap.dedent("""
     import hashlib, json, sys
     from pathlib import Path
-    from mlbench import runtime
+    from mlbench.train import runtime
     data_dir, devices, coordinator, n, i = sys.argv[1:]
     many = runtime.Distributed(coordinator, int(n), int(i))
     rt = runtime.setup(cpu_devices=int(devices),
                        distributed=many if int(n) > 1 else runtime.Distributed())
     import numpy as np
-    from mlbench import data, evaluate, mesh as mesh_lib, steps
+    from mlbench.train import data, evaluate, mesh as mesh_lib, steps
     from mlbench.workload import Split, StepContext
     from workloads.ssd import WORKLOAD, config, input_pipeline
     cfg = config.mini()

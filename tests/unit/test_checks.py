@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from mlbench import checks, rules
-from mlbench.checks import Severity
-from mlbench.resultlog import ResultLog, detect_ruleset
+from mlbench.verify import checks
+from mlbench import rules
+from mlbench.verify.checks import Severity
+from mlbench.verify.resultlog import ResultLog, detect_ruleset
 from mlbench.errors import UserError
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from mlbench.clock import Clock
+from mlbench.train.clock import Clock
 
 
 def test_marks_and_segments_use_the_injected_time():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlbench import data
+from mlbench.train import data
 from mlbench.errors import UserError
 
 N = 103  # Not a multiple of any batch or host count used below.

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from mlbench import mesh as mesh_lib
-from mlbench.layers import BatchNorm
+from mlbench.train import mesh as mesh_lib
+from mlbench.train.layers import BatchNorm
 
 
 def _batch():

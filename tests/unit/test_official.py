@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from mlbench import official
+from mlbench.verify import official
 
 
 def test_values_exceptions_and_hangs_are_all_outcomes():

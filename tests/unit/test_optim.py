@@ -3,7 +3,7 @@
 The transcription follows mlcommons/training image_classification/tensorflow2:
 lars_optimizer.py (compute_lr, _resource_apply_dense) and lars_util.py
 (PolynomialDecayWithWarmup over Keras PolynomialDecay), written here in float64
-independently of mlbench.optim.
+independently of mlbench.train.optim.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 import optax
 import pytest
 
-from mlbench import optim
+from mlbench.train import optim
 
 
 def reference_lr(step, base, warmup, train_steps, end=1e-4, power=2.0):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from mlbench import plan, rules
+from mlbench.train import plan
+from mlbench import rules
 from mlbench.workload import Schedule
 
 

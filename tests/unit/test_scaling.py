@@ -16,7 +16,7 @@ import numpy as np
 import optax
 import pytest
 
-from mlbench import data, evaluate, mesh as mesh_lib, steps
+from mlbench.train import data, evaluate, mesh as mesh_lib, steps
 from mlbench.workload import Split, StepContext
 from workloads import bert, transformer
 from workloads.resnet50 import WORKLOAD, config, input_pipeline

@@ -8,7 +8,7 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from mlbench import mesh as mesh_lib, sharding
+from mlbench.train import mesh as mesh_lib, sharding
 from mlbench.errors import UserError
 
 RULES = [(r"mlp/wi/kernel$", P("embed", "mlp")), (r"mlp/wo/kernel$", P("mlp", "embed")),

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from mlbench import data, sharding, steps
+from mlbench.train import data, sharding, steps
 from mlbench.workload import Split, StepContext
 from workloads.bert import WORKLOAD, config, input_pipeline, pretraining_data, pydoc
 

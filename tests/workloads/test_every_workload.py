@@ -12,8 +12,9 @@ import jax
 import numpy as np
 import pytest
 
-from mlbench import evaluate, mesh as mesh_lib, registry, rules, steps
-from mlbench.plan import harness_hparams
+from mlbench.train import evaluate, mesh as mesh_lib, steps
+from mlbench import registry, rules
+from mlbench.train.plan import harness_hparams
 from mlbench.workload import Split, StepContext
 
 

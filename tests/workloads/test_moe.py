@@ -13,9 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mlbench import compliance, data, mesh as mesh_lib, rules, steps
-from mlbench.check import collectives
-from mlbench.plan import harness_hparams
+from mlbench import compliance, rules
+from mlbench.train import data, mesh as mesh_lib, steps
+from mlbench.pod.check import collectives
+from mlbench.train.plan import harness_hparams
 from mlbench.workload import Split, StepContext
 from workloads.moe import WORKLOAD, config, input_pipeline, layer, pydoc_lm, train
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlbench import data, steps
+from mlbench.train import data, steps
 from mlbench.workload import Split
 from workloads.resnet50 import WORKLOAD, config, digits, input_pipeline
 

@@ -16,8 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mlbench import data, evaluate, mesh as mesh_lib, rules, sharding, steps
-from mlbench.plan import harness_hparams
+from mlbench.train import data, evaluate, mesh as mesh_lib, sharding, steps
+from mlbench import rules
+from mlbench.train.plan import harness_hparams
 from mlbench.workload import EvalPart, Split, StepContext
 from workloads.ssd import WORKLOAD, boxes, coco, config, input_pipeline, nms, scenes, train
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from mlbench import data, steps
+from mlbench.train import data, steps
 from mlbench.workload import Split
 from workloads.transformer import (WORKLOAD, beam_search, bleu, cldr, config, input_pipeline,
                                    model, train, vocab)

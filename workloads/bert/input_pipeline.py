@@ -47,7 +47,7 @@ def feature_shapes(cfg: BertConfig) -> dict[str, tuple[int, ...]]:
 
 def decode(cfg: BertConfig, split: Split):
   """The `DecodeFn`: parse one record; int64 features become int32 for the devices."""
-  from mlbench.data import tf
+  from mlbench.train.data import tf
 
   del split
   t = tf()

@@ -18,7 +18,7 @@ import functools
 import platform
 from pathlib import Path
 
-from mlbench import data
+from mlbench.train import data
 from workloads.bert import pretraining_data as ptd
 from workloads.bert.config import BertConfig, Source
 from workloads.bert.input_pipeline import dataset_dir

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from mlbench import optim
+from mlbench.train import optim
 from mlbench.workload import EvalPart, Schedule, StepContext
 from workloads.bert.config import BertConfig
 from workloads.bert.input_pipeline import feature_shapes

@@ -49,7 +49,7 @@ def feature_shapes(cfg: MoeLMConfig) -> dict[str, tuple[int, ...]]:
 
 def decode(cfg: MoeLMConfig, split: Split):
   """The `DecodeFn`: parse one record; int64 ids become int32 for the devices."""
-  from mlbench.data import tf
+  from mlbench.train.data import tf
 
   del split
   t = tf()

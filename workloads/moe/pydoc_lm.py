@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlbench import data
+from mlbench.train import data
 from workloads.moe.config import MoeLMConfig, Source
 from workloads.moe.input_pipeline import TOKENS, dataset_dir
 

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from mlbench import optim
+from mlbench.train import optim
 from mlbench.workload import EvalPart, Schedule, StepContext
 from workloads.common import transformer as blocks
 from workloads.moe.config import DType, MoeLMConfig

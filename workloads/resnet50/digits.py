@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlbench import data
+from mlbench.train import data
 from workloads.resnet50.config import ResNetConfig, Source
 from workloads.resnet50.input_pipeline import dataset_dir
 

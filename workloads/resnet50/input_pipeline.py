@@ -42,7 +42,7 @@ def files(cfg: ResNetConfig, data_dir: Path, split: Split) -> list[str]:
 
 
 def _tf():
-  from mlbench.data import tf
+  from mlbench.train.data import tf
 
   return tf()
 

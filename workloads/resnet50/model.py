@@ -12,7 +12,7 @@ import functools
 import flax.linen as nn
 import jax.numpy as jnp
 
-from mlbench.layers import BatchNorm
+from mlbench.train.layers import BatchNorm
 from workloads.resnet50.config import ModelConfig, Stem
 
 # He initialisation over fan-out, as torchvision and the flax ImageNet example do.

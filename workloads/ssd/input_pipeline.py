@@ -53,7 +53,7 @@ def files(cfg: SSDConfig, data_dir: Path, split: Split) -> list[str]:
 
 
 def _tf():
-  from mlbench.data import tf
+  from mlbench.train.data import tf
 
   return tf()
 

@@ -19,7 +19,7 @@ import functools
 import flax.linen as nn
 import jax.numpy as jnp
 
-from mlbench.layers import BatchNorm
+from mlbench.train.layers import BatchNorm
 from workloads.ssd.config import AnchorConfig, ModelConfig, Stem
 
 # He initialisation over fan-out for the backbone, as torchvision does.

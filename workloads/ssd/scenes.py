@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlbench import data
+from mlbench.train import data
 from workloads.ssd.config import Source, SSDConfig
 from workloads.ssd.input_pipeline import dataset_dir
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from mlbench import optim
+from mlbench.train import optim
 from mlbench.workload import Schedule, StepContext
 from workloads.ssd import boxes, nms
 from workloads.ssd.config import AnchorConfig, SSDConfig

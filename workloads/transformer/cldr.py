@@ -15,7 +15,7 @@ separate draw of pairs; pairs longer than `max_length` tokens under it are
 discarded. Examples are written in the MLPerf WMT schema: `inputs` and
 `targets` as token ids ending in EOS (1), pad 0, in `train-0000i-of-00008` and
 `dev-00000-of-00001`, with `tokenizer.json`. The folder is written once,
-atomically (`mlbench.data.write_dataset`).
+atomically (`mlbench.train.data.write_dataset`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from mlbench import data
+from mlbench.train import data
 from workloads.transformer import vocab
 from workloads.transformer.config import Source, TransformerConfig
 from workloads.transformer.input_pipeline import dataset_dir

@@ -62,7 +62,7 @@ def feature_shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
 
 def decode(cfg: TransformerConfig, split: Split):
   """The `DecodeFn`: parse one record, truncate or pad both sides to `max_length`."""
-  from mlbench.data import tf
+  from mlbench.train.data import tf
 
   del split
   t = tf()

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from mlbench import optim
+from mlbench.train import optim
 from mlbench.workload import Batch, EvalPart, Schedule, StepContext, WithMetadata
 from workloads.common import transformer as blocks
 from workloads.transformer import beam_search, bleu, vocab

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from mlbench import data, mesh as mesh_lib, sharding
+from mlbench.train import data, mesh as mesh_lib, sharding
 from mlbench.workload import Batch, Schedule, Split, StepContext, Workload
 
 

@@ -1,7 +1,7 @@
 """`mlbench validate`: the official checks, the missing ones, and clear verdicts.
 
 For every log: the official compliance checker under the log's ruleset (in an
-isolated worker), then mlbench's own checks (`mlbench.checks`). For every
+isolated worker), then mlbench's own checks (`mlbench.verify.checks`). For every
 benchmark folder of a package: the package checks the official
 package_checker makes (number of result files, unique seeds, reference
 convergence points), then a verdict under olympic scoring: at most one failing
@@ -15,10 +15,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from mlbench import checks, compliance, official, rules as rules_lib
-from mlbench.checks import Finding, Severity
-from mlbench.resultlog import ResultLog, detect_ruleset
-from mlbench.submission import BenchmarkDir, Target, find, groups, read_system
+from mlbench.verify import checks, official
+from mlbench import compliance, rules as rules_lib
+from mlbench.verify.checks import Finding, Severity
+from mlbench.verify.resultlog import ResultLog, detect_ruleset
+from mlbench.verify.submission import BenchmarkDir, Target, find, groups, read_system
 
 MAX_DROPPED = {"unet3d": 4}
 

@@ -13,10 +13,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from mlbench import config as config_lib, data, mesh as mesh_lib, registry, results, rules
+from mlbench import config as config_lib, registry, results, rules
+from mlbench.train import data, mesh as mesh_lib
 from mlbench.config import Division, InputMode, RunConfig
 from mlbench.errors import UserError, choices
-from mlbench.runtime import Runtime
+from mlbench.train.runtime import Runtime
 from mlbench.workload import Schedule, StepContext, Workload
 
 

@@ -21,11 +21,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from mlbench import data, evaluate, mesh as mesh_lib, runtime as runtime_lib, steps
-from mlbench.clock import Clock
+from mlbench.train import data, evaluate, mesh as mesh_lib, runtime as runtime_lib, steps
+from mlbench.train.clock import Clock
 from mlbench.mllog import MLLog
-from mlbench.plan import Plan, Point
-from mlbench.progress import RunProgress
+from mlbench.train.plan import Plan, Point
+from mlbench.train.progress import RunProgress
 from mlbench.workload import Split
 
 

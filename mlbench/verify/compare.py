@@ -19,11 +19,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mlbench import compliance, official, rules as rules_lib
+from mlbench import compliance, rules as rules_lib
+from mlbench.verify import official
 from mlbench.errors import UserError
-from mlbench.resultlog import ResultLog, detect_ruleset
-from mlbench.submission import BenchmarkDir, find, groups, read_system
-from mlbench.validate import MAX_DROPPED
+from mlbench.verify.resultlog import ResultLog, detect_ruleset
+from mlbench.verify.submission import BenchmarkDir, find, groups, read_system
+from mlbench.verify.validate import MAX_DROPPED
 
 NOT_CONVERGED = 1e9  # how the RCP tools count a run that did not converge
 

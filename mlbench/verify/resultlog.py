@@ -3,7 +3,7 @@
 The official parser numbers lines among `:::MLLOG` lines only and raises on
 some malformed lines; validate reports file line numbers and must survive any
 input, so it reads logs with this tolerant reader. The official checkers still
-judge every log themselves (`mlbench.official`).
+judge every log themselves (`mlbench.verify.official`).
 """
 
 from __future__ import annotations

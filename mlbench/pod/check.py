@@ -62,7 +62,7 @@ def collectives(hlo_text: str) -> dict[str, int]:
 
 
 def _program(name: str, compiled: Any, devices: int) -> ProgramReport:
-  from mlbench.steps import _flops
+  from mlbench.train.steps import _flops
 
   mem = compiled.memory_analysis()
   flops = _flops(compiled)
@@ -78,7 +78,7 @@ def dry_run(plan: Any) -> CheckReport:
   import jax
   import numpy as np
 
-  from mlbench import sharding, steps
+  from mlbench.train import sharding, steps
 
   programs = steps.compile_programs(plan.workload, plan.cfg, plan.schedule, plan.mesh, plan.ctx,
                                     plan.tx, weight_update_sharding=plan.rc.weight_update_sharding)

@@ -14,12 +14,13 @@ from collections.abc import Callable
 
 from rich.console import Console
 
-from mlbench import compliance, config as config_lib, loop, results, runtime as runtime_lib
+from mlbench import compliance, config as config_lib, results
+from mlbench.train import loop, runtime as runtime_lib
 from mlbench.config import RunConfig
 from mlbench.errors import UserError
 from mlbench.mllog import MLLog
-from mlbench.plan import Plan, make_plan
-from mlbench.progress import RunProgress
+from mlbench.train.plan import Plan, make_plan
+from mlbench.train.progress import RunProgress
 from mlbench.workload import Split
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from mlbench import data, mesh as mesh_lib
+from mlbench.train import data, mesh as mesh_lib
 from mlbench.errors import UserError
 from mlbench.workload import EvalPart, Workload
 

@@ -101,7 +101,7 @@ def name_mask(exclude: tuple[str, ...]) -> Mask:
   The MLPerf BERT reference's `exclude_from_weight_decay` (and layer adaptation):
   ("LayerNorm", "layer_norm", "bias"), matched against parameter names.
   """
-  from mlbench.sharding import path_str
+  from mlbench.train.sharding import path_str
 
   def mask(params: Any) -> Any:
     return jax.tree_util.tree_map_with_path(
