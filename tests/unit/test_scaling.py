@@ -83,9 +83,15 @@ SHARDED = {
 # plain SGD shows the forward and backward computations agree.
 TRANSFORMER_SGD = dataclasses.replace(transformer.WORKLOAD,
                                       optimizer=lambda cfg, sched: optax.sgd(0.1))
+# The same for ResNet under LARS: the gradients of the batch-norm biases that
+# feed another batch norm are sums of nearly cancelling terms, so a new
+# summation order changes them by ~0.3 % (measured on an AVX-512 Xeon), and
+# LARS's large learning rate for those unadapted parameters makes that the
+# parameter's whole value after the first real step (step 0 has lr 0).
+RESNET_SGD = dataclasses.replace(WORKLOAD, optimizer=lambda cfg, sched: optax.sgd(0.1))
 
 
-@pytest.mark.parametrize("workload", [WORKLOAD, bert.WORKLOAD, TRANSFORMER_SGD],
+@pytest.mark.parametrize("workload", [RESNET_SGD, bert.WORKLOAD, TRANSFORMER_SGD],
                          ids=["resnet50", "bert", "transformer"])
 def test_model_parallelism_by_annotation_is_the_same_computation(workload):
   data_only, _ = _train(workload, {"data": 8})
