@@ -1,0 +1,175 @@
+"""Every workload's quality metric, through the harness's whole eval path, against an
+independent computation from the model's outputs.
+
+Each test compiles the workload's programs as a run does (`steps.compile_programs` on
+the 8-device mesh), feeds a small evaluation set in three batches through
+`evaluate.evaluate` (the compiled eval step, the workload's host part, the merge
+across batches and its final `compute`), and compares every reported metric with
+the same metric computed here, in NumPy from the model's outputs or with the
+reference library (pycocotools, sacreBLEU), to 1e-6 relative.
+
+The sets are built to expose the usual metric bugs: the last batch is padded
+with copies of real examples chosen so that counting them changes the answer;
+the labels are set from the model's own predictions so that the metric is far
+from 0 and 1; and where a metric has a per-token denominator the token counts
+differ per example, so that averaging per example gives another number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mlbench import registry
+from mlbench.train import data, evaluate, mesh as mesh_lib, sharding, steps
+from mlbench.workload import Split, StepContext
+
+BATCH = 16
+"""Global eval batch: 2 examples per device on the 8-device mesh."""
+REAL = 40
+"""Real examples: two full batches and a last one of 8 real and 8 padded rows."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+  workload: object
+  cfg: object
+  eval: object
+  batch_sharding: object
+  state: steps.TrainState
+
+  @property
+  def params(self):
+    """The parameters, fetched to the host: the independent computation runs them
+    unsharded on one device, outside the harness."""
+    return jax.device_get(self.state.params)
+
+  @property
+  def model_state(self):
+    return jax.device_get(self.state.model_state)
+
+
+def _compile(name: str, **changes) -> Compiled:
+  """The mini config with BATCH-example eval batches; the init and eval programs
+  compiled as `steps.compile_programs` compiles them (the train step, which
+  evaluation never runs, is left out: it would double the compile time)."""
+  w = registry.get(name)
+  cfg = dataclasses.replace(w.configs["mini"](), eval_batch_size=BATCH, **changes)
+  mesh = mesh_lib.make_mesh()
+  init = steps.init_fn(w, cfg, w.optimizer(cfg, w.schedule(cfg)))
+  rng_spec = jax.ShapeDtypeStruct((), jnp.uint32, sharding=mesh_lib.replicated(mesh))
+  shapes = jax.eval_shape(init, rng_spec)
+  state_sh = sharding.tree_shardings(shapes, w.partition_rules(cfg), mesh)
+  batch_sh = mesh_lib.batch_sharding(mesh)
+  spec = steps.batch_spec(w, cfg, Split.EVAL, BATCH, batch_sh)
+  state_in = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                          shapes, state_sh)
+  ev = jax.jit(steps.eval_fn(w, cfg, StepContext(mesh=mesh)), in_shardings=(state_sh, batch_sh),
+               out_shardings=batch_sh).lower(state_in, spec).compile()
+  state = jax.jit(init, out_shardings=state_sh)(mesh_lib.replicated_value(mesh, np.uint32(0)))
+  return Compiled(w, cfg, ev, batch_sh, state)
+
+
+def _harness_eval(c: Compiled, real: dict[str, np.ndarray],
+                  padding: dict[str, np.ndarray]) -> tuple[dict[str, float], int]:
+  """The harness's evaluation of `real`, in batches of BATCH; the last batch is
+  filled up with rows of `padding` (mask 0). Returns (metrics, examples counted)."""
+  n = len(next(iter(real.values())))
+  assert n % BATCH != 0, "the last batch must be padded"
+  pairs = []
+  for start in range(0, n, BATCH):
+    m = min(BATCH, n - start)
+    chunk = {k: np.concatenate([v[start:start + m], padding[k][:BATCH - m]]).astype(v.dtype)
+             for k, v in real.items()}
+    chunk[data.MASK] = (np.arange(BATCH) < m).astype(np.int32)
+    pairs.append((chunk, mesh_lib.to_global(chunk, c.batch_sharding, BATCH)))
+  metrics, part = evaluate.evaluate(c.workload, c.cfg, c.eval, c.state, pairs,
+                                    expected=n)
+  return metrics, part.count
+
+
+def _assert_same(reported: dict[str, float], independent: dict[str, float]) -> None:
+  assert set(reported) == set(independent)
+  for k, v in independent.items():
+    assert reported[k] == pytest.approx(v, rel=1e-6, abs=1e-12), k
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+  x = np.asarray(logits, np.float64)
+  x = x - x.max(-1, keepdims=True)
+  return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def _hits_and_misses(pred: np.ndarray, num_classes: int, rng: np.random.Generator,
+                     hit_rate: float) -> np.ndarray:
+  """Labels that equal `pred` with probability `hit_rate`, and another class otherwise."""
+  other = (pred + rng.integers(1, num_classes, pred.shape)) % num_classes
+  return np.where(rng.random(pred.shape) < hit_rate, pred, other).astype(np.int32)
+
+
+# --------------------------------------------------------------------------------- ResNet-50
+
+
+def test_resnet50_top1_accuracy_and_loss_are_numpys_from_the_logits():
+  from workloads.resnet50.model import ResNet
+
+  c = _compile("resnet50")
+  rng = np.random.default_rng(0)
+  batch = c.workload.synthetic_batch(c.cfg, Split.EVAL, REAL + BATCH, rng)
+  variables = {"params": c.params, **c.model_state}
+  logits = np.asarray(jax.jit(lambda x: ResNet(c.cfg.model).apply(variables, x, train=False))(
+      batch["image"]))
+  pred = logits.argmax(-1)
+  assert len(np.unique(pred)) > 1  # the model does not answer one class for everything
+  labels = _hits_and_misses(pred, c.cfg.model.num_classes, rng, 0.4)
+  labels[REAL:] = pred[REAL:]  # every padded row a hit: counting them raises the accuracy
+  real = {"image": batch["image"][:REAL], "label": labels[:REAL]}
+  padding = {"image": batch["image"][REAL:], "label": labels[REAL:]}
+  metrics, count = _harness_eval(c, real, padding)
+
+  hits = pred[:REAL] == labels[:REAL]
+  assert count == REAL and 0.2 < hits.mean() < 0.6
+  nll = -_log_softmax(logits[:REAL])[np.arange(REAL), labels[:REAL]]
+  _assert_same(metrics, {"accuracy": hits.mean(), "loss": nll.mean()})
+
+
+# -------------------------------------------------------------------------------------- BERT
+
+
+def test_bert_masked_lm_accuracy_is_over_all_masked_tokens_not_per_example():
+  from workloads.bert.model import Bert
+
+  c = _compile("bert")
+  rng = np.random.default_rng(1)
+  batch = c.workload.synthetic_batch(c.cfg, Split.EVAL, REAL + BATCH, rng)
+  mlm, nsp = jax.jit(lambda b: Bert(c.cfg.model).apply({"params": c.params}, b,
+                                                       deterministic=True))(batch)
+  mlm, nsp = np.asarray(mlm), np.asarray(nsp)
+  n, preds = batch["masked_lm_ids"].shape
+  # 1 to all predictions real per example; the rest are the schema's padding (weight
+  # 0), with ids the model gets right, so counting them would raise the accuracy.
+  real_preds = rng.integers(1, preds + 1, n)
+  weights = (np.arange(preds)[None] < real_preds[:, None]).astype(np.float32)
+  pred = mlm.argmax(-1)
+  ids = np.where(weights > 0, _hits_and_misses(pred, c.cfg.model.vocab_size, rng, 0.5), pred)
+  nsp_labels = _hits_and_misses(nsp.argmax(-1), 2, rng, 0.5)
+  ids[REAL:], nsp_labels[REAL:] = pred[REAL:], nsp.argmax(-1)[REAL:]  # padded rows: all hits
+  batch = {**batch, "masked_lm_ids": ids.astype(np.int32), "masked_lm_weights": weights,
+           "next_sentence_labels": nsp_labels}
+  metrics, count = _harness_eval(c, {k: v[:REAL] for k, v in batch.items()},
+                                 {k: v[REAL:] for k, v in batch.items()})
+
+  w, hits = weights[:REAL], (pred == ids)[:REAL] * weights[:REAL]
+  nll = -np.take_along_axis(_log_softmax(mlm[:REAL]), ids[:REAL, :, None], -1)[..., 0]
+  accuracy = hits.sum() / w.sum()
+  per_example = (hits.sum(1) / w.sum(1)).mean()
+  assert count == REAL and abs(accuracy - per_example) > 1e-3
+  _assert_same(metrics, {
+      "accuracy": accuracy,
+      "mlm_loss": (nll * w).sum() / w.sum(),
+      "nsp_accuracy": (nsp.argmax(-1) == nsp_labels)[:REAL].mean()})
