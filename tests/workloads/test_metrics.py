@@ -173,3 +173,83 @@ def test_bert_masked_lm_accuracy_is_over_all_masked_tokens_not_per_example():
       "accuracy": accuracy,
       "mlm_loss": (nll * w).sum() / w.sum(),
       "nsp_accuracy": (nsp.argmax(-1) == nsp_labels)[:REAL].mean()})
+
+
+# --------------------------------------------------------------------------------------- MoE
+
+
+def test_moe_log_perplexity_is_numpys_mean_nll_per_token():
+  # The MoE data are fixed-length packed sequences (no padding tokens: the schema has
+  # none), so every example predicts seq_length tokens; what can go wrong is the
+  # token count, the reduction axis and padded sequences.
+  from workloads.moe.input_pipeline import TOKENS
+  from workloads.moe.model import MoeLM
+
+  c = _compile("moe")
+  batch = c.workload.synthetic_batch(c.cfg, Split.EVAL, REAL + BATCH, np.random.default_rng(2))
+  tokens = batch[TOKENS]
+  model = MoeLM(c.cfg.model, c.cfg.model.moe.eval_capacity_factor)
+  logits, _ = jax.jit(lambda t: model.apply({"params": c.params}, t, deterministic=True))(
+      tokens[:, :-1])
+  nll = -np.take_along_axis(_log_softmax(logits), tokens[:, 1:, None], -1)[..., 0]
+  # Padded rows: the sequences the model finds easiest, so counting them lowers the NLL.
+  order = np.argsort(nll.sum(1))
+  real, pad = order[BATCH:], order[:BATCH]
+  metrics, count = _harness_eval(c, {TOKENS: tokens[real]}, {TOKENS: tokens[pad]})
+
+  log_ppl = nll[real].sum() / nll[real].size
+  assert count == REAL and nll.mean() < log_ppl - 1e-3
+  _assert_same(metrics, {"log_perplexity": log_ppl, "perplexity": np.exp(log_ppl)})
+
+
+# ------------------------------------------------------------------------------- Transformer
+
+
+def _words(ids: np.ndarray) -> str:
+  """A sentence of token ids up to EOS (1), padding (0) dropped; each id one word."""
+  out = []
+  for i in ids:
+    if i == 1:
+      break
+    if i:
+      out.append(str(i))
+  return " ".join(out)
+
+
+def test_transformer_bleu_is_sacrebleus_and_loss_is_per_target_token():
+  import sacrebleu
+
+  from workloads.transformer import train
+  from workloads.transformer.model import Transformer
+
+  c = _compile("transformer")  # no vocabulary file: every token id is a word
+  rng = np.random.default_rng(3)
+  batch = c.workload.synthetic_batch(c.cfg, Split.EVAL, REAL + BATCH, rng)
+  hyps = np.asarray(jax.jit(lambda x: train.translate(c.cfg, c.params, x))(batch["inputs"]))
+  # References: damaged copies of the model's translations (a word dropped, a word
+  # replaced), so BLEU is neither 0 nor 1; the padded rows' references are their
+  # translations exactly, so counting them raises BLEU.
+  length = c.cfg.data.max_length
+  targets = np.zeros((len(hyps), length), np.int32)
+  for i, h in enumerate(hyps):
+    words = [int(t) for t in _words(h).split()][:length - 1] or [3]
+    if i < REAL and len(words) > 2 and rng.random() < 0.7:
+      del words[rng.integers(len(words))]
+    if i < REAL and rng.random() < 0.5:
+      words[rng.integers(len(words))] = int(rng.integers(3, c.cfg.model.vocab_size))
+    targets[i, :len(words) + 1] = [*words, 1]
+  batch = {**batch, "targets": targets}
+  metrics, count = _harness_eval(c, {k: v[:REAL] for k, v in batch.items()},
+                                 {k: v[REAL:] for k, v in batch.items()})
+
+  got = [_words(h) for h in hyps[:REAL]]
+  refs = [_words(t) for t in targets[:REAL]]
+  bleu = sacrebleu.corpus_bleu(got, [refs], lowercase=True).score / 100
+  logits = jax.jit(lambda x, y: Transformer(c.cfg.model).apply({"params": c.params}, x, y))(
+      batch["inputs"][:REAL], targets[:REAL])
+  nll = -np.take_along_axis(_log_softmax(logits), targets[:REAL, :, None], -1)[..., 0]
+  w = targets[:REAL] > 0
+  per_example = ((nll * w).sum(1) / w.sum(1)).mean()
+  assert count == REAL and 0.1 < bleu < 0.9
+  assert abs(per_example - (nll * w).sum() / w.sum()) > 1e-4
+  _assert_same(metrics, {"bleu": bleu, "loss": (nll * w).sum() / w.sum()})
