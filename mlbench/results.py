@@ -24,6 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from mlbench import paths
 from mlbench.errors import UserError
 
 # Allowed `status` values of systems/<system>.json (system_desc_checker, >= 4.0)
@@ -38,11 +39,23 @@ DEFAULT_STATUS = "Research, Development, or Internal (RDI)"
 
 
 def benchmark_dir(results_dir: Path, system: str, benchmark: str) -> Path:
-  return results_dir / "results" / system / benchmark
+  """`<results_dir>/results/<system>/<benchmark>`, checked to stay inside `results_dir`.
+
+  Raises:
+    UserError: a name is not one safe path component, or the folder resolves
+      (through a link) outside `results_dir`.
+  """
+  folder = (results_dir / "results" / paths.check_name("system name", system)
+            / paths.check_name("benchmark name", benchmark))
+  paths.inside(results_dir, folder)
+  return folder
 
 
 def system_file(results_dir: Path, system: str) -> Path:
-  return results_dir / "systems" / f"{system}.json"
+  """`<results_dir>/systems/<system>.json`, checked like `benchmark_dir`."""
+  path = results_dir / "systems" / f"{paths.check_name('system name', system)}.json"
+  paths.inside(results_dir, path)
+  return path
 
 
 def pending_log(results_dir: Path, system: str, benchmark: str) -> Path:

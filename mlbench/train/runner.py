@@ -75,6 +75,8 @@ def prepare(rc: RunConfig) -> Plan:
     plan = dataclasses.replace(plan, cfg=plan.workload.input.bind(plan.cfg, rc.data_dir))
   if not runtime.is_leader:
     return plan
+  # Resolves the result folder now, so a link out of --results-dir fails before any compile.
+  results.benchmark_dir(rc.results_dir, plan.system, plan.workload.benchmark)
   try:
     on_disk = results.ensure_system(rc.results_dir, plan.system_desc)
   except OSError as e:
