@@ -34,9 +34,10 @@ def validate_cmd(path: Path, ruleset: str | None, usage: str, as_json: bool, tim
   """
   from mlbench.verify import validate
 
+  console = output.console()
+  output.note_pending([path], console)
   report = validate.validate(path, ruleset=ruleset, usage=usage, timeout_s=timeout_s,
                              tolerance_ms=tolerance_ms)
-  console = output.console()
   _print(report, console)
   if as_json:
     click.echo(json.dumps(report.to_json(), indent=2))
