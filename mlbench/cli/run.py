@@ -57,6 +57,12 @@ def run_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...],
   Prints one JSON line per run on stdout; progress and summaries on stderr.
   Exit code 0 when every run reached the target with a compliant log, else 1.
   """
+  from mlbench import paths
+
+  # Names become folders under --results-dir: refuse a bad one before JAX starts.
+  if system is not None:
+    paths.check_name("--system", system)
+  paths.check_name("--submitter", submitter)
   from mlbench.train import runner  # Heavy: JAX, Flax, TensorFlow.
 
   rc = RunConfig(workload=workload, config=config_name, overrides=tuple(overrides),

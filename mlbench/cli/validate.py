@@ -41,6 +41,7 @@ def validate_cmd(path: Path, ruleset: str | None, usage: str, as_json: bool, tim
   from mlbench.verify import validate
 
   console = output.console()
+  output.note_pending([path], console)
   with _progress(console) as progress:
     report = validate.validate(path, ruleset=ruleset, usage=usage, timeout_s=timeout_s,
                                tolerance_ms=tolerance_ms, processes=jobs, progress=progress)

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from mlbench import config as config_lib, registry, results, rules
+from mlbench import config as config_lib, paths, registry, results, rules
 from mlbench.train import data, mesh as mesh_lib
 from mlbench.config import Division, InputMode, RunConfig
 from mlbench.errors import UserError, choices
@@ -127,7 +127,8 @@ def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | Non
                     + "; ".join(problems) + ("; use --division open or change the config"
                                              if rc.division is Division.CLOSED else ""))
   machine = machine or results.probe(runtime.local_devices, runtime.process_count)
-  system = rc.system or results.default_system_name(machine)
+  system = paths.check_name("--system", rc.system or results.default_system_name(machine))
+  paths.check_name("--submitter", rc.submitter)
   description = results.describe(machine, system=system, submitter=rc.submitter,
                                  division=rc.division.value, notes=_hw_notes(runtime, rc))
   return Plan(rc=rc, runtime=runtime, workload=workload, config_name=name, cfg=cfg, rule=rule,
