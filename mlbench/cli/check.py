@@ -1,12 +1,13 @@
-"""`mlbench check`: a compile-only dry run of a workload on a mesh."""
+"""`mlbench check`: a compile-only dry run of a workload on a mesh or a TPU slice."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
-from mlbench.pod.check import COLLECTIVES
+from mlbench.pod.hlo import COLLECTIVES
 from mlbench.cli import output
 from mlbench.cli.scaling import scaling_config, scaling_options
 from mlbench.config import RunConfig
@@ -20,42 +21,89 @@ from mlbench.config import RunConfig
               help="Override a config value (repeatable).")
 @click.option("--cpu-devices", type=click.IntRange(min=1), envvar="MLBENCH_CPU_DEVICES",
               help="Simulate this many CPU devices, e.g. a pod slice's count.")
+@click.option("--topology", metavar="SLICE",
+              help="Compile for a Cloud TPU slice with the TPU compiler (no TPU needed; needs "
+                   "libtpu): v3-2048, v4-128, v5p-256, v6e-64, ...")
+@click.option("--from-log", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Steps to converge from this result log of a real run, instead of MLPerf's "
+                   "reference convergence points.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @scaling_options
 def check_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...],
-              cpu_devices: int | None, as_json: bool, **scaling) -> int:
-  """Compile WORKLOAD's train and eval steps for the mesh, from shapes alone.
+              cpu_devices: int | None, topology: str | None, from_log: Path | None,
+              as_json: bool, **scaling) -> int:
+  """Compile WORKLOAD's init, train and eval steps for the mesh, from shapes alone.
 
-  Prints per-device memory (parameters, optimizer state, temporaries), FLOPs per
-  step and the collectives in each compiled program, without running a step or
-  reading data, so sharding and out-of-memory errors show before pod time.
+  Prints per-device memory (parameters, optimizer state, temporaries) against the
+  chip's HBM, FLOPs per step and the collectives in each compiled program, without
+  running a step or reading data, so sharding and out-of-memory errors show before
+  pod time. With --topology: also XLA's estimated step time, the roofline terms, the
+  predicted samples/s, MFU and time to train.
   """
   from mlbench.pod import check
-  from mlbench.train import runtime as runtime_lib
-  from mlbench.train.plan import make_plan
 
+  if topology and cpu_devices:
+    raise click.UsageError("--topology and --cpu-devices exclude each other")
   rc = RunConfig(workload=workload, config=config_name, overrides=tuple(overrides),
                  cpu_devices=cpu_devices, **scaling_config(scaling))
-  runtime = runtime_lib.setup(cpu_devices=cpu_devices, distributed=runtime_lib.Distributed(
-      rc.coordinator, rc.num_processes, rc.process_id))
-  report = check.dry_run(make_plan(rc, runtime))
+  plan = _topology_plan(rc, topology) if topology else _local_plan(rc)
+  report = check.dry_run(plan, topology=topology, convergence=_convergence(plan, from_log))
   _print(report, output.console())
   if as_json:
     click.echo(json.dumps(report.to_json(), indent=2))
   return 0
 
 
-def _mib(n: int) -> str:
+def _local_plan(rc: RunConfig):
+  from mlbench.train import runtime as runtime_lib
+  from mlbench.train.plan import make_plan
+
+  runtime = runtime_lib.setup(cpu_devices=rc.cpu_devices, distributed=runtime_lib.Distributed(
+      rc.coordinator, rc.num_processes, rc.process_id))
+  return make_plan(rc, runtime)
+
+
+def _topology_plan(rc: RunConfig, name: str):
+  import jax
+
+  from mlbench.pod import topology
+  from mlbench.train.plan import make_plan
+
+  slice_ = topology.parse(name)
+  # Host-side work (random keys, shapes) stays on the CPU; the TPU compiler is reached
+  # through the topology, never through a TPU backend this machine does not have.
+  jax.config.update("jax_platforms", "cpu")
+  runtime = topology.runtime(slice_)
+  return make_plan(rc, runtime, machine=topology.machine(slice_, runtime.devices))
+
+
+def _convergence(plan, from_log: Path | None):
+  from mlbench.pod import predict
+
+  if from_log is not None:
+    return predict.from_log(from_log, plan.rule, plan.schedule.train_examples)
+  return (predict.from_rcps(plan.rule, plan.gbs, plan.schedule.train_examples)
+          or predict.Convergence(samples=plan.schedule.max_train_samples,
+                                 source="the config's training budget (an upper bound: no "
+                                        "reference convergence points for these rules)"))
+
+
+def _mib(n: float) -> str:
   return f"{n / 2**20:,.1f} MiB"
+
+
+def _gib(n: float) -> str:
+  return f"{n / 2**30:,.2f} GiB"
 
 
 def _print(report, console) -> None:
   from rich.table import Table
 
   mesh = " x ".join(f"{k}={v}" for k, v in report.mesh.items())
-  console.print(f"[bold]{report.workload}[/] --config {report.config} on {mesh} "
-                f"({report.platform}): {report.params:,} parameters; per device: parameters "
-                f"{_mib(report.param_bytes_per_device)}, optimizer state "
+  where = f"{report.topology} ({report.device_kind})" if report.topology else report.platform
+  console.print(f"[bold]{report.workload}[/] --config {report.config} at global batch "
+                f"{report.global_batch_size:,} on {mesh} ({where}): {report.params:,} parameters; "
+                f"per device: parameters {_mib(report.param_bytes_per_device)}, optimizer state "
                 f"{_mib(report.opt_state_bytes_per_device)} (of {_mib(report.opt_state_bytes_total)})",
                 highlight=False)
   table = Table(title="compiled programs (per device)", title_justify="left")
@@ -65,5 +113,41 @@ def _print(report, console) -> None:
   for p in report.programs:
     table.add_row(p.name, "-" if p.flops is None else f"{p.flops / 1e9:,.2f}",
                   _mib(p.argument_bytes), _mib(p.output_bytes), _mib(p.temp_bytes),
-                  _mib(p.peak_bytes), *(str(p.collectives[c]) for c in COLLECTIVES))
+                  _mib(p.peak_bytes), *(_collective(p, c) for c in COLLECTIVES))
   console.print(table)
+  if report.hbm_bytes_per_device:
+    _print_fit(report, console)
+  if report.prediction is not None:
+    _print_prediction(report.prediction, console)
+
+
+def _collective(p, op: str) -> str:
+  n = p.collectives[op]
+  return f"{n} ({_mib(p.collective_bytes.get(op, 0))})" if n else "0"
+
+
+def _print_fit(report, console) -> None:
+  hbm, peak = report.hbm_bytes_per_device, report.peak_bytes
+  if report.fits:
+    console.print(f"[green]fits[/]: peak {_gib(peak)} of {_gib(hbm)} HBM per device "
+                  f"({100 * peak / hbm:.0f}%)", highlight=False)
+  else:
+    console.print(f"[red]does not fit[/]: peak {_gib(peak)} of {_gib(hbm)} HBM per device, "
+                  f"{_gib(peak - hbm)} over; try --weight-update-sharding, a model axis, remat, "
+                  "or a smaller per-chip batch", highlight=False)
+
+
+def _print_prediction(p, console) -> None:
+  r = p.roofline
+  xla = "-" if p.xla_step_s is None else f"{p.xla_step_s * 1e3:,.2f} ms"
+  console.print(
+      f"step time: XLA's estimate {xla}; roofline compute {r.compute_s * 1e3:,.2f} ms, HBM "
+      f"{r.hbm_s * 1e3:,.2f} ms, interconnect {r.collective_s * 1e3:,.2f} ms ({r.limit}-bound)",
+      highlight=False)
+  ttt = "-" if p.time_to_train_s is None else f"{p.time_to_train_s / 60:,.1f} min"
+  steps = "-" if p.steps_to_converge is None else f"{p.steps_to_converge:,.0f}"
+  console.print(
+      f"[bold]predicted[/]: {p.step_s * 1e3:,.2f} ms/step, {p.samples_per_s:,.0f} samples/s, "
+      f"{p.model_flops_per_s / 1e12:,.1f} model TFLOP/s = MFU {100 * p.mfu:.1f}% of "
+      f"{p.devices} x {p.accelerator}; time to train {ttt} ({steps} steps, from "
+      f"{p.convergence_source})", highlight=False)

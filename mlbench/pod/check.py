@@ -2,8 +2,11 @@
 
 What a pod run would hit first, found on a laptop: sharding errors, memory per
 device (parameters, optimizer state, temporaries, from the compiled
-executable's memory analysis), FLOPs per step and the collectives XLA put in
-the program. In the spirit of maxtext's train_compile.py.
+executable's memory analysis) against the chip's HBM, FLOPs per step and the
+collectives XLA put in the program. With `--topology` the programs are compiled
+by the TPU compiler for a real slice (see `topology`), and the report adds a
+predicted step time, MFU and time to train (see `predict`). In the spirit of
+maxtext's train_compile.py.
 """
 
 from __future__ import annotations
@@ -12,7 +15,12 @@ import dataclasses
 import re
 from typing import Any
 
-COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
+from mlbench import accelerators
+from mlbench.errors import UserError
+from mlbench.pod import hlo, predict as predict_lib
+from mlbench.pod.hlo import COLLECTIVES
+
+__all__ = ["COLLECTIVES", "CheckReport", "ProgramReport", "dry_run"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +35,10 @@ class ProgramReport:
   temp_bytes: int
   code_bytes: int
   collectives: dict[str, int]
+  collective_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+  collective_wire_bytes: dict[str, float] = dataclasses.field(default_factory=dict)
+  bytes_accessed: float | None = None  # HBM traffic per device, XLA's count
+  xla_seconds: float | None = None     # the TPU compiler's own run-time estimate
 
   @property
   def peak_bytes(self) -> int:
@@ -45,51 +57,131 @@ class CheckReport:
   opt_state_bytes_per_device: int
   opt_state_bytes_total: int
   programs: tuple[ProgramReport, ...]
+  global_batch_size: int = 0
+  device_kind: str = ""
+  topology: str | None = None
+  accelerator: str | None = None
+  hbm_bytes_per_device: int | None = None
+  prediction: predict_lib.Prediction | None = None
+
+  @property
+  def peak_bytes(self) -> int:
+    return max(p.peak_bytes for p in self.programs)
+
+  @property
+  def fits(self) -> bool | None:
+    return None if self.hbm_bytes_per_device is None else \
+        self.peak_bytes <= self.hbm_bytes_per_device
 
   def to_json(self) -> dict[str, Any]:
     out = dataclasses.asdict(self)
     for p, prog in zip(out["programs"], self.programs):
       p["peak_bytes"] = prog.peak_bytes
+    out["peak_bytes"], out["fits"] = self.peak_bytes, self.fits
+    if self.prediction is not None:
+      out["prediction"]["roofline"]["bound_s"] = self.prediction.roofline.bound_s
+      out["prediction"]["roofline"]["limit"] = self.prediction.roofline.limit
     return out
 
 
 def collectives(hlo_text: str) -> dict[str, int]:
   """How many of each collective op the optimized HLO holds (async pairs count once)."""
-  counts = {}
-  for op in COLLECTIVES:
-    counts[op] = len(re.findall(rf"= [^\n]*? {op}(?:-start)?\(", hlo_text))
-  return counts
+  return hlo.collectives(hlo_text).count
+
+
+def _cost(compiled: Any) -> dict[str, float]:
+  try:
+    cost = compiled.cost_analysis()
+  except Exception:  # Not every backend implements cost analysis.
+    return {}
+  if isinstance(cost, list):
+    cost = cost[0] if cost else {}
+  return dict(cost or {})
 
 
 def _program(name: str, compiled: Any, devices: int) -> ProgramReport:
-  from mlbench.train.steps import _flops
-
   mem = compiled.memory_analysis()
-  flops = _flops(compiled)
+  cost = _cost(compiled)
+  coll = hlo.collectives(compiled.as_text(), devices)
+  flops = cost.get("flops")
   return ProgramReport(
-      name=name, flops=None if flops is None else flops * devices,
+      name=name, flops=None if flops is None else float(flops) * devices,
       argument_bytes=int(mem.argument_size_in_bytes), output_bytes=int(mem.output_size_in_bytes),
       alias_bytes=int(mem.alias_size_in_bytes), temp_bytes=int(mem.temp_size_in_bytes),
-      code_bytes=int(mem.generated_code_size_in_bytes), collectives=collectives(compiled.as_text()))
+      code_bytes=int(mem.generated_code_size_in_bytes), collectives=coll.count,
+      collective_bytes=coll.result_bytes, collective_wire_bytes=coll.wire_bytes,
+      bytes_accessed=cost.get("bytes accessed"), xla_seconds=cost.get("optimal_seconds"))
 
 
-def dry_run(plan: Any) -> CheckReport:
-  """Compiles the plan's init, train and eval programs and reports on them."""
+_OOM = re.compile(r"required for HLO temporaries \(([\d.]+\w?)\) exceeds available HBM "
+                  r"\(([\d.]+\w?)\)")
+
+
+def _does_not_fit(plan: Any, where: str, error: Exception) -> UserError:
+  """The one-line error for XLA's compile-time out-of-memory, with what to try."""
+  m = _OOM.search(str(error))
+  need = f": {m.group(1)}B of temporaries per device, {m.group(2)}B of HBM" if m else ""
+  data = plan.mesh.shape.get("data", 1)
+  return UserError(
+      f"{plan.workload.name} --config {plan.config_name} at global batch {plan.gbs} does not "
+      f"fit on {where}{need}; try --weight-update-sharding, a model axis (--mesh data=N,model=M), "
+      f"remat in the config, or a smaller per-chip batch (--set global_batch_size="
+      f"{max(data, plan.gbs // 2 // data * data)})")
+
+
+def _compile(plan: Any, where: str) -> Any:
+  from mlbench.train import steps
+
+  try:
+    return steps.compile_programs(plan.workload, plan.cfg, plan.schedule, plan.mesh, plan.ctx,
+                                  plan.tx, weight_update_sharding=plan.rc.weight_update_sharding)
+  except Exception as e:  # XLA raises JaxRuntimeError (a RuntimeError) for compile-time OOM.
+    if "CompileTimeHbmOom" in str(e) or "RESOURCE_EXHAUSTED" in str(e):
+      raise _does_not_fit(plan, where, e) from None
+    raise
+
+
+def dry_run(plan: Any, *, topology: str | None = None,
+            convergence: predict_lib.Convergence | None = None) -> CheckReport:
+  """Compiles the plan's init, train and eval programs and reports on them; on a known
+  accelerator, also against its HBM and with a predicted step time."""
   import jax
   import numpy as np
 
   from mlbench.train import sharding, steps
 
-  programs = steps.compile_programs(plan.workload, plan.cfg, plan.schedule, plan.mesh, plan.ctx,
-                                    plan.tx, weight_update_sharding=plan.rc.weight_update_sharding)
+  device = plan.mesh.devices.flat[0]
+  where = topology or f"{plan.mesh.devices.size} x {device.device_kind}"
+  programs = _compile(plan, where)
   params, _ = jax.eval_shape(lambda k: plan.workload.init(plan.cfg, k), jax.random.key(0))
   devices = int(plan.mesh.devices.size)
+  reports = (_program("init", programs.init, devices),
+             _program("train step", programs.train, devices),
+             _program("eval step", programs.eval, devices))
+  acc = accelerators.for_device_kind(device.device_kind)
+  prediction = None
+  # On GPUs XLA's cost analysis misses the cuBLAS/cuDNN custom calls (most of the FLOPs),
+  # so only the TPU compiler's counts make a prediction.
+  if acc is not None and acc.platform == "tpu":
+    model_flops = steps.flops_per_example(plan.workload, plan.cfg, plan.ctx) * plan.gbs
+    prediction = _predict(acc, devices, plan.gbs, reports[1], model_flops, convergence)
   return CheckReport(
       workload=plan.workload.name, config=plan.config_name, mesh=dict(plan.mesh.shape),
-      platform=plan.runtime.devices[0].platform,
+      platform=device.platform,
       params=int(sum(np.prod(x.shape) for x in jax.tree.leaves(params))),
       param_bytes_per_device=sharding.bytes_per_device(params, programs.state_sharding.params),
       opt_state_bytes_per_device=programs.opt_state_bytes,
       opt_state_bytes_total=programs.opt_state_bytes_replicated,
-      programs=(_program("train step", programs.train, devices),
-                _program("eval step", programs.eval, devices)))
+      programs=reports, global_batch_size=plan.gbs, device_kind=device.device_kind,
+      topology=topology, accelerator=None if acc is None else acc.name,
+      hbm_bytes_per_device=None if acc is None else acc.device_hbm_bytes, prediction=prediction)
+
+
+def _predict(acc: accelerators.Accelerator, devices: int, gbs: int, train: ProgramReport,
+             model_flops: float, convergence: predict_lib.Convergence | None
+             ) -> predict_lib.Prediction | None:
+  if train.flops is None or train.bytes_accessed is None:
+    return None
+  roof = predict_lib.roofline(acc, train.flops / devices, train.bytes_accessed,
+                              sum(train.collective_wire_bytes.values()))
+  return predict_lib.predict(acc, devices, gbs, roof, train.xla_seconds, model_flops, convergence)

@@ -1,0 +1,99 @@
+"""The collectives in an optimized HLO program: how many, how many bytes, bytes on the wire.
+
+Read from `compiled.as_text()`. Each collective's result shape gives its bytes;
+its replica groups give how many devices take part, and from both a ring
+algorithm's traffic per device follows (what the roofline's interconnect term
+divides by the link bandwidth). An op inside a loop body is counted once, as it
+is written, not once per iteration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
+
+_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2,
+             "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8,
+             "c64": 8, "c128": 16}
+_LINE = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(?P<shape>\(.*?\)|\w+\[[\d,]*\]\S*)\s+"
+                   r"(?P<op>" + "|".join(COLLECTIVES) + r")(?P<start>-start)?\(", re.M)
+_ARRAY = re.compile(r"(\w+)\[([\d,]*)\]")
+
+
+@dataclasses.dataclass(frozen=True)
+class Collectives:
+  """Per collective kind: ops in the program, bytes of their results, bytes each device
+  sends (ring algorithm)."""
+
+  count: dict[str, int]
+  result_bytes: dict[str, int]
+  wire_bytes: dict[str, float]
+
+  @property
+  def total_wire_bytes(self) -> float:
+    return float(sum(self.wire_bytes.values()))
+
+
+def _arrays(shape: str) -> list[int]:
+  """Bytes of each array in an HLO shape (a tuple gives several)."""
+  out = []
+  for dtype, dims in _ARRAY.findall(shape):
+    n = 1
+    for d in filter(None, dims.split(",")):
+      n *= int(d)
+    out.append(n * _ITEMSIZE.get(dtype, 4))
+  return out
+
+
+def _group_size(line: str, devices: int) -> int:
+  """Devices per replica group: {{0,1},{2,3}} lists them, [2,4]<=[8] gives the shape."""
+  m = re.search(r"replica_groups=\{(\{[\d,]*\})", line)
+  if m:
+    return max(1, len([x for x in m.group(1).strip("{}").split(",") if x]))
+  m = re.search(r"replica_groups=\[([\d,]+)\]<=", line)
+  if m:
+    return int(m.group(1).split(",")[-1])
+  if "source_target_pairs" in line:
+    return 2
+  return devices
+
+
+def _result_bytes(op: str, start: bool, shape: str) -> int:
+  sizes = _arrays(shape)
+  if not sizes:
+    return 0
+  if start and op == "all-gather":
+    return max(sizes)      # (operand, gathered result)
+  if start and op == "collective-permute":
+    return sizes[0]        # (operand, result, context...)
+  return sum(sizes)
+
+
+def _wire(op: str, nbytes: int, n: int) -> float:
+  """Bytes one device sends for a collective over `n` devices (ring algorithms)."""
+  if n <= 1:
+    return 0.0
+  if op == "all-reduce":
+    return 2.0 * (n - 1) / n * nbytes
+  if op == "reduce-scatter":
+    return float((n - 1) * nbytes)  # The result is one shard of n.
+  if op in ("all-gather", "all-to-all"):
+    return (n - 1) / n * nbytes
+  return float(nbytes)  # collective-permute: send it all once.
+
+
+def collectives(hlo_text: str, devices: int = 1) -> Collectives:
+  """The collectives of an optimized HLO module (async start/done pairs count once)."""
+  count = dict.fromkeys(COLLECTIVES, 0)
+  result = dict.fromkeys(COLLECTIVES, 0)
+  wire = dict.fromkeys(COLLECTIVES, 0.0)
+  for m in _LINE.finditer(hlo_text):
+    op, start = m.group("op"), bool(m.group("start"))
+    line = hlo_text[m.start():hlo_text.find("\n", m.end())]
+    nbytes = _result_bytes(op, start, m.group("shape"))
+    count[op] += 1
+    result[op] += nbytes
+    wire[op] += _wire(op, nbytes, _group_size(line, devices))
+  return Collectives(count=count, result_bytes=result, wire_bytes=wire)

@@ -1,0 +1,155 @@
+"""From a compiled train step to a predicted step time, MFU and time to train.
+
+Three lower bounds on a step, per device (the roofline): its FLOPs at the
+chip's peak, its HBM traffic at the HBM bandwidth, and the bytes its
+collectives send at the interconnect bandwidth; and XLA's own estimate
+(`optimal_seconds` of the TPU compiler's cost analysis). The prediction is the
+largest of them: the step can be no faster than any. Time to train is the
+predicted step time times the steps to converge, taken from MLPerf's reference
+convergence points (RCPs, shipped with mlperf-logging) for the batch size, or
+from a real run's result log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from mlbench import accelerators, rules
+from mlbench.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class Roofline:
+  """Seconds per step if only one resource limited it."""
+
+  compute_s: float
+  hbm_s: float
+  collective_s: float
+
+  @property
+  def bound_s(self) -> float:
+    return max(self.compute_s, self.hbm_s, self.collective_s)
+
+  @property
+  def limit(self) -> str:
+    """Which resource bounds the step."""
+    terms = {"compute": self.compute_s, "HBM": self.hbm_s, "interconnect": self.collective_s}
+    return max(terms, key=terms.get)
+
+
+@dataclasses.dataclass(frozen=True)
+class Convergence:
+  """Training samples until the quality target, and where that figure comes from."""
+
+  samples: float
+  source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+  accelerator: str
+  devices: int
+  xla_step_s: float | None
+  roofline: Roofline
+  step_s: float
+  samples_per_s: float
+  model_flops_per_step: float
+  model_flops_per_s: float
+  mfu: float
+  steps_to_converge: float | None
+  convergence_source: str
+  time_to_train_s: float | None
+
+
+def roofline(acc: accelerators.Accelerator, flops_per_device: float, bytes_per_device: float,
+             wire_bytes_per_device: float) -> Roofline:
+  return Roofline(compute_s=flops_per_device / acc.device_peak_flops_per_s,
+                  hbm_s=bytes_per_device / acc.device_hbm_bytes_per_s,
+                  collective_s=wire_bytes_per_device / acc.device_interconnect_bytes_per_s)
+
+
+def predict(acc: accelerators.Accelerator, devices: int, global_batch: int, roof: Roofline,
+            xla_step_s: float | None, model_flops_per_step: float,
+            convergence: Convergence | None) -> Prediction:
+  """Step time, throughput, MFU and time to train of one compiled train step."""
+  step_s = max(roof.bound_s, xla_step_s or 0.0)
+  model_rate = model_flops_per_step / step_s
+  steps = None if convergence is None else convergence.samples / global_batch
+  return Prediction(
+      accelerator=acc.name, devices=devices, xla_step_s=xla_step_s, roofline=roof, step_s=step_s,
+      samples_per_s=global_batch / step_s, model_flops_per_step=model_flops_per_step,
+      model_flops_per_s=model_rate, mfu=model_rate / (devices * acc.device_peak_flops_per_s),
+      steps_to_converge=steps,
+      convergence_source="none" if convergence is None else convergence.source,
+      time_to_train_s=None if steps is None else steps * step_s)
+
+
+def _rcp_rounds(benchmark: str) -> list[tuple[tuple[int, ...], Any]]:
+  """(round, rcps_<benchmark>.json) for every training round mlperf-logging ships RCPs for."""
+  root = resources.files("mlperf_logging").joinpath("rcp_checker")
+  found = []
+  for d in root.iterdir():
+    name = d.name
+    if name.startswith("training_") and d.joinpath(f"rcps_{benchmark}.json").is_file():
+      found.append((tuple(int(x) for x in name.removeprefix("training_").split(".")),
+                    d.joinpath(f"rcps_{benchmark}.json")))
+  return sorted(found)
+
+
+def _interpolate(points: list[tuple[int, float]], batch: int) -> float:
+  """Mean convergence at `batch`, linear between the neighbouring reference batch sizes."""
+  points = sorted(points)
+  if batch <= points[0][0]:
+    return points[0][1]
+  for (b0, v0), (b1, v1) in zip(points, points[1:]):
+    if b0 <= batch <= b1:
+      return v0 + (v1 - v0) * (batch - b0) / (b1 - b0)
+  return points[-1][1]
+
+
+def from_rcps(rule: rules.Rule, global_batch: int, train_examples: int) -> Convergence | None:
+  """Samples to converge from the RCPs of the rule's round (or the first later round with
+  RCPs for this benchmark), interpolated in batch size as the RCP checker does."""
+  if not rule.official:  # The mini rules have targets of their own; no RCP applies.
+    return None
+  want = tuple(int(x) for x in rule.ruleset.split("."))
+  rounds = [(r, f) for r, f in _rcp_rounds(rule.checker_benchmark) if r >= want]
+  if not rounds:
+    return None
+  rnd, path = rounds[0]
+  table = json.loads(path.read_text())
+  points = [(int(v["BS"]), sum(v["Epochs to converge"]) / len(v["Epochs to converge"]))
+            for v in table.values()]
+  value = _interpolate(points, global_batch)
+  samples = value if rule.convergence_unit is rules.Unit.SAMPLES else value * train_examples
+  unit = "samples" if rule.convergence_unit is rules.Unit.SAMPLES else "epochs"
+  return Convergence(samples=samples, source=f"MLPerf {'.'.join(map(str, rnd))} reference "
+                     f"convergence points ({value:,.4g} {unit} at batch {global_batch})")
+
+
+def from_log(path: Path, rule: rules.Rule, train_examples: int) -> Convergence:
+  """Samples a real run trained before reaching its target, from its result log."""
+  events = []
+  try:
+    for line in Path(path).read_text().splitlines():
+      if ":::MLLOG" in line:
+        events.append(json.loads(line.split(":::MLLOG", 1)[1]))
+  except (OSError, ValueError) as e:
+    raise UserError(f"--from-log {path}: cannot read an MLPerf result log ({e})") from e
+  evals = [e for e in events if e.get("key") == rule.quality.key]
+  stops = [e for e in events if e.get("key") == "run_stop"]
+  if not evals or not stops or (stops[-1].get("metadata") or {}).get("status") != "success":
+    raise UserError(f"--from-log {path}: not a successful run (no {rule.quality.key} or no "
+                    "run_stop with status success); give the log of a run that converged")
+  meta = evals[-1].get("metadata") or {}
+  if "samples_count" in meta:
+    samples = float(meta["samples_count"])
+  elif rule.convergence_unit is rules.Unit.SAMPLES:
+    samples = float(meta["epoch_num"])
+  else:
+    samples = float(meta["epoch_num"]) * train_examples
+  return Convergence(samples=samples, source=f"{path} ({samples:,.0f} samples)")
