@@ -92,11 +92,16 @@ def harness_hparams(schedule: Schedule) -> dict[str, Any]:
   return {"global_batch_size": schedule.global_batch_size,
           "train_samples": schedule.train_examples,
           "eval_samples": schedule.eval_examples,
-          "gradient_accumulation_steps": 1}
+          "gradient_accumulation_steps": schedule.gradient_accumulation_steps}
 
 
 def _check_batches(schedule: Schedule, runtime: Runtime, mesh: Any) -> None:
   devices = mesh_lib.data_size(mesh)
+  micro = schedule.global_batch_size // max(schedule.gradient_accumulation_steps, 1)
+  if schedule.global_batch_size % schedule.gradient_accumulation_steps or micro % devices:
+    raise UserError(f"global_batch_size={schedule.global_batch_size} does not split into "
+                    f"{schedule.gradient_accumulation_steps} microbatches that split evenly over "
+                    f"{devices} data-parallel devices; change gradient_accumulation_steps")
   for name, size in (("global_batch_size", schedule.global_batch_size),
                      ("eval_batch_size", schedule.eval_batch_size)):
     if size % devices or size % runtime.process_count:
