@@ -97,17 +97,18 @@ def harness_hparams(schedule: Schedule) -> dict[str, Any]:
 
 def _check_batches(schedule: Schedule, runtime: Runtime, mesh: Any) -> None:
   devices = mesh_lib.data_size(mesh)
-  micro = schedule.global_batch_size // max(schedule.gradient_accumulation_steps, 1)
-  if schedule.global_batch_size % schedule.gradient_accumulation_steps or micro % devices:
-    raise UserError(f"global_batch_size={schedule.global_batch_size} does not split into "
-                    f"{schedule.gradient_accumulation_steps} microbatches that split evenly over "
-                    f"{devices} data-parallel devices; change gradient_accumulation_steps")
   for name, size in (("global_batch_size", schedule.global_batch_size),
                      ("eval_batch_size", schedule.eval_batch_size)):
     if size % devices or size % runtime.process_count:
       raise UserError(f"{name}={size} does not split evenly over {devices} data-parallel devices "
                       f"and {runtime.process_count} processes; --set {name}= a multiple of "
                       f"{math.lcm(devices, runtime.process_count)}")
+  k = schedule.gradient_accumulation_steps
+  if k > 1 and (schedule.global_batch_size % (k * devices)):
+    raise UserError(f"global_batch_size={schedule.global_batch_size} does not split into {k} "
+                    f"microbatches that split evenly over {devices} data-parallel devices; "
+                    "--set gradient_accumulation_steps= a divisor of "
+                    f"{schedule.global_batch_size // devices}")
 
 
 def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | None = None) -> Plan:

@@ -267,3 +267,52 @@ def test_harness_reads_examples_in_index_order_split_over_hosts():
   rows = [(int(t), int(m)) for e in evals for b in e for t, m in zip(b["tokens"][:, 0], b["mask"])]
   assert sorted(t for t, m in rows if m) == [0, 1, 2, 3, 4]
   assert all(t == 0 for t, m in rows if not m) and sum(1 - m for _, m in rows) == 3
+
+
+def test_gradient_accumulation_gives_the_mean_gradient_of_the_whole_batch():
+  from mlbench.train import steps
+  from mlbench.workload import Split, StepContext
+  from workloads.llama31_8b import WORKLOAD, input_pipeline
+
+  base = config.mini()
+  cfg = dataclasses.replace(base, model=dataclasses.replace(base.model, num_layers=1),
+                            data=dataclasses.replace(base.data, seq_length=16))
+  batch = input_pipeline.synthetic_batch(cfg, Split.TRAIN, 8, np.random.default_rng(3))
+  params, _ = train.init(cfg, jax.random.key(0))
+  ctx = StepContext(mesh=None)
+  (loss1, _), g1 = steps.value_and_grad(WORKLOAD, cfg, ctx, params, {}, batch, jax.random.key(1))
+  (loss4, _), g4 = jax.jit(lambda p, b: steps.value_and_grad(
+      WORKLOAD, cfg, ctx, p, {}, b, jax.random.key(1), accumulate=4))(params, batch)
+  np.testing.assert_allclose(loss4, loss1, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g4)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_hparams_follow_the_mesh_and_the_official_and_mini_rules():
+  from mlbench import compliance, rules
+  from mlbench.train import mesh as mesh_lib
+  from mlbench.train.plan import harness_hparams
+  from mlbench.workload import StepContext
+
+  mesh = mesh_lib.make_mesh({"data": 2, "model": 4})
+  cfg = dataclasses.replace(config.full(), gradient_accumulation_steps=2)
+  sched = train.schedule(cfg)
+  logged = {**harness_hparams(sched), **train.hparams(cfg, sched, StepContext(mesh=mesh))}
+  assert (logged["tensor_parallelism"], logged["micro_batch_size"],
+          logged["gradient_accumulation_steps"]) == (4, 8, 2)
+  official = rules.load("llama31_8b", "6.0.0")
+  assert official.problems(logged, closed=True) == []
+  bad = {**logged, "opt_learning_rate_decay_steps": 1_200_000}  # must be max_steps - warmup
+  assert official.problems(bad, closed=True) == [
+      "opt_learning_rate_decay_steps=1200000 must satisfy total_with "
+      "{'key': 'opt_learning_rate_warmup_steps', 'eq': 1200000}"]
+  mini = rules.load("llama31_8b", "mini")
+  assert {h.key for h in mini.hyperparameters} == {h.key for h in official.hyperparameters}
+  # The derived checker rules free the scale-pinning keys and keep the optimizer's.
+  import yaml
+  derived = compliance.checker_config(mini, compliance._cache_dir()).parent
+  keys = {r["KEY"]["NAME"]: r["KEY"] for r in yaml.safe_load(
+      (derived / "closed_llama31_8b.yaml").read_text()) if "KEY" in r}
+  assert "CHECK" not in keys["max_sequence_length"] and "CHECK" not in keys["max_steps"]
+  assert keys["opt_adamw_beta_2"]["CHECK"] == "v['value'] == 0.95"
+  assert "<= 4.0" in keys["eval_accuracy"]["ATLEAST_ONE_CHECK"]
