@@ -1,12 +1,14 @@
 """Every workload's quality metric, through the harness's whole eval path, against an
 independent computation from the model's outputs.
 
-Each test compiles the workload's programs as a run does (`steps.compile_programs` on
-the 8-device mesh), feeds a small evaluation set in three batches through
-`evaluate.evaluate` (the compiled eval step, the workload's host part, the merge
+Each test compiles the workload's eval step as `steps.compile_programs` does (its
+`eval_fn`, the state's partition-rule shardings, batches split over the 8-device
+mesh), feeds a small evaluation set in three batches through `evaluate.evaluate`
+(the compiled eval step, the padding mask, the workload's host part, the merge
 across batches and its final `compute`), and compares every reported metric with
-the same metric computed here, in NumPy from the model's outputs or with the
-reference library (pycocotools, sacreBLEU), to 1e-6 relative.
+the same metric computed here from the model's outputs, run unsharded on one
+device: in NumPy, or with the reference library (pycocotools, sacreBLEU), to 1e-6
+relative.
 
 The sets are built to expose the usual metric bugs: the last batch is padded
 with copies of real examples chosen so that counting them changes the answer;
@@ -37,6 +39,8 @@ REAL = 40
 
 @dataclasses.dataclass(frozen=True)
 class Compiled:
+  """A workload's mini config, its compiled eval step and an initial state on the mesh."""
+
   workload: object
   cfg: object
   eval: object
