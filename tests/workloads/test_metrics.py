@@ -79,6 +79,19 @@ def _compile(name: str, edit=lambda cfg: cfg) -> Compiled:
   return Compiled(w, cfg, ev, batch_sh, state)
 
 
+def _with_params(c: Compiled, params) -> Compiled:
+  """`c` with its state's parameters replaced, placed with the same shardings."""
+  placed = jax.device_put(params, jax.tree.map(lambda x: x.sharding, c.state.params))
+  return dataclasses.replace(c, state=dataclasses.replace(c.state, params=placed))
+
+
+def _add_to_fc_bias(params, delta: np.ndarray):
+  """`params` with `delta` added to the ResNet classifier's bias."""
+  fc = dict(params["fc"])
+  fc["bias"] = (np.asarray(fc["bias"]) + delta).astype(fc["bias"].dtype)
+  return {**params, "fc": fc}
+
+
 def _harness_eval(c: Compiled, real: dict[str, np.ndarray],
                   padding: dict[str, np.ndarray]) -> tuple[dict[str, float], int]:
   """The harness's evaluation of `real`, in batches of BATCH; the last batch is
@@ -125,9 +138,14 @@ def test_resnet50_top1_accuracy_and_loss_are_numpys_from_the_logits():
   c = _compile("resnet50")
   rng = np.random.default_rng(0)
   batch = c.workload.synthetic_batch(c.cfg, Split.EVAL, REAL + BATCH, rng)
-  variables = {"params": c.params, **c.model_state}
-  logits = np.asarray(jax.jit(lambda x: ResNet(c.cfg.model).apply(variables, x, train=False))(
-      batch["image"]))
+  forward = jax.jit(lambda v, x: ResNet(c.cfg.model).apply(v, x, train=False))
+  logits = np.asarray(forward({"params": c.params, **c.model_state}, batch["image"]))
+  # A freshly initialised ResNet (the reference's init: fan-in he_normal, every BN
+  # gamma 1) adds the same large component to every example's logits, so all answer
+  # one class. Shift the classifier's bias by that mean: the answers then follow
+  # each example's own features, and the accuracy can tell them apart.
+  c = _with_params(c, _add_to_fc_bias(c.params, -logits.mean(0)))
+  logits = np.asarray(forward({"params": c.params, **c.model_state}, batch["image"]))
   pred = logits.argmax(-1)
   assert len(np.unique(pred)) > 1  # the model does not answer one class for everything
   labels = _hits_and_misses(pred, c.cfg.model.num_classes, rng, 0.4)
