@@ -229,8 +229,21 @@ def _allowed(bench: BenchmarkDir, ruleset: str, usage: str) -> list[Finding]:
                                 f"{ruleset} benchmark (known: {allowed})")]
 
 
+def _blocked(files: list[FileReport]) -> str | None:
+  """Why the official package tools cannot be run on these logs: they parse every
+  log as the compliance checker does, so what stalled or would stall it stalls them."""
+  for f in files:
+    first = f.checker_findings[0] if f.checker_findings else None
+    timed_out = f.checker == "ERROR" and first is not None and "timed out" in first.message
+    if f.checker == "NOT RUN" or timed_out:
+      line = f" (line {first.lineno})" if first is not None and first.lineno else ""
+      return (f"not run: the official checker {'timed out' if timed_out else 'was not run'} on "
+              f"{f.path.name}{line}, and these tools parse it the same way")
+  return None
+
+
 def _package_findings(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str,
-                      tools: official.Isolated) -> list[Finding]:
+                      tools: official.Isolated, files: list[FileReport]) -> list[Finding]:
   out = _allowed(bench, ruleset, usage)
   expected = _expected_runs(bench, ruleset)
   if expected is not None and len(bench.files) != expected:
@@ -239,9 +252,11 @@ def _package_findings(bench: BenchmarkDir, ruleset: str, division: str | None, u
   tool_rs = rules_lib.checker_ruleset(bench.benchmark, ruleset)
   if division != "closed" or tool_rs not in official.RULESETS_WITH_PACKAGE_CHECKS or out:
     return out
-  params, files = _params(bench), [str(f) for f in bench.files]
+  if why := _blocked(files):
+    return out + [Finding("seeds", Severity.FAIL, f"seed and RCP checkers {why}")]
+  params, paths = _params(bench), [str(f) for f in bench.files]
   if "seed-checker-bypass" not in params:
-    seeds = tools.call(official._tool_seeds, files, tool_rs)
+    seeds = tools.call(official._tool_seeds, paths, tool_rs)
     if seeds.error or not seeds.value:
       why = seeds.error or "; ".join(m.split(" - ", 1)[-1] for m in seeds.messages
                                      if m.startswith("ERROR"))
@@ -321,7 +336,7 @@ def validate(path: Path, *, ruleset: str | None = None, usage: str = "training",
       division = (desc or {}).get("division")
       files = _file_reports(logs, [next(verdicts) for _ in logs], rs, division, desc,
                             bench.system, tolerance_ms)
-      findings = _package_findings(bench, rs, division or _division(logs), usage, tools)
+      findings = _package_findings(bench, rs, division or _division(logs), usage, tools, files)
       benchmarks.append(BenchmarkReport(bench, rs, how, files, findings))
     for package, rs, used in _packages(plans):
       systems += _validate_systems(package, rs, usage, used, tools,
