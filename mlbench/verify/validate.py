@@ -1,11 +1,12 @@
 """`mlbench validate`: the official checks, the missing ones, and clear verdicts.
 
-For every log: the official compliance checker under the log's ruleset (in an
-isolated worker), then mlbench's own checks (`mlbench.verify.checks`). For every
-benchmark folder of a package: the package checks the official
-package_checker makes (number of result files, unique seeds, reference
-convergence points), then a verdict under olympic scoring: at most one failing
-run (four for unet3d). For every system: the official system-description check.
+For every log: the official compliance checker under the log's ruleset (in
+isolated workers, all logs of a package in parallel; not run, and a failure, on
+a log that would stall or crash it), then mlbench's own checks
+(`mlbench.verify.checks`). For every benchmark folder of a package: the
+package checks the official package_checker makes (number of result files,
+unique seeds, reference convergence points), then a verdict under olympic
+scoring: at most one failing run (four for unet3d). For every system: the official system-description check.
 """
 
 from __future__ import annotations
@@ -132,15 +133,15 @@ def _official(items: list[tuple[Path, ResultLog, str]], usage: str, tools: offic
   calls = [compliance.checker_args(p, log.benchmark, rs, usage) for p, log, rs in items]
   skipped = [official.screen(log, call[2]) for (_, log, _), call in zip(items, calls)]
   run = [i for i, s in enumerate(skipped) if s is None]
-  total = len(items)
-  done = [total - len(run)]
+  total, done = len(items), len(items) - len(run)
   if progress:
-    progress(done[0], total)
+    progress(done, total)
 
   def tick(_: int) -> None:
-    done[0] += 1
+    nonlocal done
+    done += 1
     if progress:
-      progress(done[0], total)
+      progress(done, total)
 
   outcomes = dict(zip(run, tools.map(official._tool_compliance, [calls[i] for i in run], tick)))
   out = []
@@ -354,7 +355,7 @@ _Plan = tuple[Any, str, Any, list[tuple[Path, ResultLog]]]  # (bench, ruleset, h
 def _plan(target: Target, ruleset: str | None) -> list[_Plan]:
   """Every benchmark folder with its logs read and the ruleset they are judged by."""
   plans: list[_Plan] = []
-  for _, dirs in groups(target).items():
+  for dirs in groups(target).values():
     logs = {b.folder: [(f, ResultLog.read(f)) for f in b.files] for b in dirs}
     every = [log for pairs in logs.values() for _, log in pairs]
     if not every and not ruleset:  # Nothing to read a ruleset from; the count check fails.
