@@ -1,8 +1,12 @@
 """The official mlperf-logging tools, run where they cannot hurt us.
 
 Each call runs in a worker process (spawned, so nothing of the caller's JAX or
-TensorFlow state is inherited) under a time limit. A tool that raises, crashes
-or hangs gives an `Outcome` with `error` set instead of taking mlbench down.
+TensorFlow state is inherited) under a time limit, in parallel over a few
+workers. A tool that raises, crashes or hangs gives an `Outcome` with `error`
+set (the exception; the exit code or signal; the file and line it hung on)
+instead of taking mlbench down. What is known to stall or crash the compliance
+checker (lines too long for its parser's quadratic regex, lines its parser
+raises on) is found beforehand by `screen`, so such a log is never handed to it.
 The tools log through the root logger; a worker collects those messages and
 returns them. Tools that write into the tree they check (the RCP checker
 rewrites scaling.json) are given a temporary copy.
@@ -77,7 +81,7 @@ def _serve(conn: Connection) -> None:
     result = _in_worker(fn, args)
     try:
       conn.send(result)
-    except Exception as e:  # A value that does not pickle is the tool's failure, not ours.
+    except Exception as e:  # noqa: BLE001 - a value that does not pickle: the tool's failure
       conn.send((None, result[1], f"{type(e).__name__} returning the result: {e}"))
 
 

@@ -1,11 +1,12 @@
 """`mlbench validate`: the official checks, the missing ones, and clear verdicts.
 
-For every log: the official compliance checker under the log's ruleset (in an
-isolated worker), then mlbench's own checks (`mlbench.verify.checks`). For every
-benchmark folder of a package: the package checks the official
-package_checker makes (number of result files, unique seeds, reference
-convergence points), then a verdict under olympic scoring: at most one failing
-run (four for unet3d). For every system: the official system-description check.
+For every log: the official compliance checker under the log's ruleset (in
+isolated workers, all logs of a package in parallel; not run, and a failure, on
+a log that would stall or crash it), then mlbench's own checks
+(`mlbench.verify.checks`). For every benchmark folder of a package: the
+package checks the official package_checker makes (number of result files,
+unique seeds, reference convergence points), then a verdict under olympic
+scoring: at most one failing run (four for unet3d). For every system: the official system-description check.
 """
 
 from __future__ import annotations
@@ -132,15 +133,15 @@ def _official(items: list[tuple[Path, ResultLog, str]], usage: str, tools: offic
   calls = [compliance.checker_args(p, log.benchmark, rs, usage) for p, log, rs in items]
   skipped = [official.screen(log, call[2]) for (_, log, _), call in zip(items, calls)]
   run = [i for i, s in enumerate(skipped) if s is None]
-  total = len(items)
-  done = [total - len(run)]
+  total, done = len(items), len(items) - len(run)
   if progress:
-    progress(done[0], total)
+    progress(done, total)
 
   def tick(_: int) -> None:
-    done[0] += 1
+    nonlocal done
+    done += 1
     if progress:
-      progress(done[0], total)
+      progress(done, total)
 
   outcomes = dict(zip(run, tools.map(official._tool_compliance, [calls[i] for i in run], tick)))
   out = []
@@ -229,8 +230,21 @@ def _allowed(bench: BenchmarkDir, ruleset: str, usage: str) -> list[Finding]:
                                 f"{ruleset} benchmark (known: {allowed})")]
 
 
+def _blocked(files: list[FileReport]) -> str | None:
+  """Why the official package tools cannot be run on these logs: they parse every
+  log as the compliance checker does, so what stalled or would stall it stalls them."""
+  for f in files:
+    first = f.checker_findings[0] if f.checker_findings else None
+    timed_out = f.checker == "ERROR" and first is not None and "timed out" in first.message
+    if f.checker == "NOT RUN" or timed_out:
+      line = f" (line {first.lineno})" if first is not None and first.lineno else ""
+      return (f"not run: the official checker {'timed out' if timed_out else 'was not run'} on "
+              f"{f.path.name}{line}, and these tools parse it the same way")
+  return None
+
+
 def _package_findings(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str,
-                      tools: official.Isolated) -> list[Finding]:
+                      tools: official.Isolated, files: list[FileReport]) -> list[Finding]:
   out = _allowed(bench, ruleset, usage)
   expected = _expected_runs(bench, ruleset)
   if expected is not None and len(bench.files) != expected:
@@ -239,9 +253,11 @@ def _package_findings(bench: BenchmarkDir, ruleset: str, division: str | None, u
   tool_rs = rules_lib.checker_ruleset(bench.benchmark, ruleset)
   if division != "closed" or tool_rs not in official.RULESETS_WITH_PACKAGE_CHECKS or out:
     return out
-  params, files = _params(bench), [str(f) for f in bench.files]
+  if why := _blocked(files):
+    return out + [Finding("seeds", Severity.FAIL, f"seed and RCP checkers {why}")]
+  params, paths = _params(bench), [str(f) for f in bench.files]
   if "seed-checker-bypass" not in params:
-    seeds = tools.call(official._tool_seeds, files, tool_rs)
+    seeds = tools.call(official._tool_seeds, paths, tool_rs)
     if seeds.error or not seeds.value:
       why = seeds.error or "; ".join(m.split(" - ", 1)[-1] for m in seeds.messages
                                      if m.startswith("ERROR"))
@@ -321,7 +337,7 @@ def validate(path: Path, *, ruleset: str | None = None, usage: str = "training",
       division = (desc or {}).get("division")
       files = _file_reports(logs, [next(verdicts) for _ in logs], rs, division, desc,
                             bench.system, tolerance_ms)
-      findings = _package_findings(bench, rs, division or _division(logs), usage, tools)
+      findings = _package_findings(bench, rs, division or _division(logs), usage, tools, files)
       benchmarks.append(BenchmarkReport(bench, rs, how, files, findings))
     for package, rs, used in _packages(plans):
       systems += _validate_systems(package, rs, usage, used, tools,
@@ -339,7 +355,7 @@ _Plan = tuple[Any, str, Any, list[tuple[Path, ResultLog]]]  # (bench, ruleset, h
 def _plan(target: Target, ruleset: str | None) -> list[_Plan]:
   """Every benchmark folder with its logs read and the ruleset they are judged by."""
   plans: list[_Plan] = []
-  for _, dirs in groups(target).items():
+  for dirs in groups(target).values():
     logs = {b.folder: [(f, ResultLog.read(f)) for f in b.files] for b in dirs}
     every = [log for pairs in logs.values() for _, log in pairs]
     if not every and not ruleset:  # Nothing to read a ruleset from; the count check fails.

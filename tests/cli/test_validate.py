@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,61 @@ def test_mlbench_logs_validate_under_the_mini_rules(capsys, tmp_path, write_log)
   (folder / "result_4.txt.tmp").replace(folder / "result_4.txt")
   code, report, _ = validate(capsys, folder / "result_4.txt")
   assert code == 1 and report["files"][0]["checker"] == "FAIL"
+
+
+def _note(value):
+  return ":::MLLOG " + json.dumps({"namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME",
+                                   "key": "note", "value": value, "metadata": {}}) + "\n"
+
+
+def _insert(path, text, at=30):
+  lines = path.read_text().splitlines(keepends=True)
+  path.write_text("".join(lines[:at]) + text + "".join(lines[at:]))
+
+
+def test_a_log_with_a_2mb_line_gets_its_verdict_at_once(capsys, package):
+  log = _bench(package) / "result_1.txt"
+  _insert(log, _note("x" * 2_000_000))  # the official parser would spin on it for hours
+  start = time.monotonic()
+  code, report, err = validate(capsys, log)
+  assert time.monotonic() - start < 10
+  assert code == 1
+  [f] = report["files"]
+  assert f["checker"] == "NOT RUN" and f["verdict"] == "FAIL"
+  [why] = f["checker_findings"]
+  assert why["lineno"] == 31 and "line 31 is 2,000,1" in why["message"]
+  assert "characters long" in why["message"] and "NOT RUN" in err
+  assert len(json.dumps(report)) < 20_000  # the line is quoted, not copied
+  code, report, _ = validate(capsys, package)
+  assert code == 1 and _files(report)[str(log)]["checker"] == "NOT RUN"
+  # The official seed checker parses every log the same way: it is not run either.
+  [seeds] = report["benchmarks"][0]["findings"]
+  assert seeds["message"] == ("seed and RCP checkers not run: the official checker was not run on "
+                              "result_1.txt (line 31), and these tools parse it the same way")
+
+
+def test_serial_and_parallel_give_the_same_verdicts(capsys):
+  _, serial, _ = validate(capsys, "--jobs", "1", DATA / "v4.0/NVIDIA")
+  _, parallel, _ = validate(capsys, "--jobs", "3", DATA / "v4.0/NVIDIA")
+  assert serial == parallel
+  files = _files(serial)
+  assert len(files) == 20 and {f["checker"] for f in files.values()} == {"PASS", "FAIL"}
+
+
+def test_the_official_timeout_option(capsys, package, monkeypatch):
+  slow = _bench(package) / "result_2.txt"
+  # Short enough to be run, long enough that the official parser needs many seconds.
+  _insert(slow, "".join(_note("y" * 60_000) for _ in range(4)))
+  for how in ("option", "envvar"):
+    args = ["--official-timeout", "2"] if how == "option" else []
+    if how == "envvar":
+      monkeypatch.setenv("MLBENCH_OFFICIAL_TIMEOUT", "2")
+    start = time.monotonic()
+    code, report, _ = validate(capsys, *args, slow)
+    assert time.monotonic() - start < 15, how
+    [f] = report["files"]
+    [why] = f["checker_findings"]
+    assert code == 1 and f["checker"] == "ERROR", how
+    assert why["message"].startswith("the official checker failed: timed out after 2 s reading "
+                                     "result_2.txt, near line 3")
+    assert why["lineno"] in (31, 32, 33, 34)

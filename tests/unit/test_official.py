@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from pathlib import Path
+
+import pytest
 
 from mlbench.verify import official
+from mlbench.verify.resultlog import ResultLog
 
 
 def test_values_exceptions_and_hangs_are_all_outcomes():
@@ -36,3 +41,61 @@ def test_the_compliance_tool_reports_verdicts_and_messages(tmp_path):
     out = tools.call(official._tool_compliance, str(log), "training", "4.0.0", None)
   assert out.error is None and out.value["valid"] is False
   assert any("init_start" in m for m in out.value["errors"])
+
+
+REAL = (Path(__file__).parents[1] / "data/mlperf-results/v4.0/Dell/results/XE9680x8H100-SXM-80GB"
+        / "bert/result_0.txt")
+
+
+def _with_line(tmp_path, line, at=30, name="log.txt"):
+  """The real log with `line` inserted as line `at + 1`."""
+  lines = REAL.read_text().splitlines(keepends=True)
+  path = tmp_path / name
+  path.write_text("".join(lines[:at]) + line + "\n" + "".join(lines[at:]))
+  return path
+
+
+def _event(value):
+  return ":::MLLOG " + json.dumps({"namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME",
+                                   "key": "note", "value": value, "metadata": {}})
+
+
+def test_a_hung_checker_is_stopped_naming_the_file_and_line(tmp_path):
+  # 200 KB: the official parser's regex needs minutes on it (quadratic in the length).
+  log = _with_line(tmp_path, _event("x" * 200_000))
+  with official.Isolated(1, timeout_s=2) as tools:
+    start = time.monotonic()
+    out = tools.call(official._tool_compliance, str(log), "training", "4.0.0", None)
+  assert out.error == "timed out after 2 s reading log.txt, near line 31"
+  assert time.monotonic() - start < 15
+
+
+@pytest.mark.parametrize("line, raised", [
+    (':::MLLOG {"time_ms": 5, "key": "x", "metadata": {}}', "KeyError"),
+    (":::MLLOG [1, 2, 3]", "TypeError"),
+    (':::MLLOG {"time_ms": [1], "key": "x", "value": 1, "metadata": {}}', "TypeError"),
+    (":::MLLOG " + "[" * 20_000 + "]" * 20_000, "RecursionError"),
+    (':::MLLOG {"key": "eval_accuracy", oops', None),  # a parse error the checker reports
+])
+def test_the_screen_flags_exactly_the_lines_that_crash_the_official_checker(tmp_path, line, raised):
+  path = _with_line(tmp_path, line)
+  found = official.screen(ResultLog.read(path), "4.0.0")
+  with official.Isolated(1, 60) as tools:  # What the official checker itself does with it.
+    out = tools.call(official._tool_compliance, str(path), "training", "4.0.0", None)
+  if raised is None:
+    assert found is None
+    assert out.error is None and out.value["valid"] is False and out.value["parse_errors"]
+  else:
+    assert found.lineno == 31 and f"would crash the official parser ({raised}" in found.reason
+    assert out.error.startswith(raised)
+
+
+def test_the_screen_flags_lines_too_long_for_the_official_parser(tmp_path):
+  fine = ResultLog.read(REAL)
+  assert official.screen(fine, "4.0.0") is None
+  assert fine.longest[1] < 2_300 and fine.squares < official.MAX_SQUARES / 100
+  one = official.screen(ResultLog.read(_with_line(tmp_path, _event("x" * 70_000))), "4.0.0")
+  assert one.lineno == 31 and "line 31 is 70," in one.reason
+  many = "\n".join(_event("y" * 40_000) for _ in range(12))
+  together = official.screen(ResultLog.read(_with_line(tmp_path, many, name="b.txt")), "4.0.0")
+  assert together.lineno == 31 and "too long together" in together.reason
