@@ -41,12 +41,13 @@ def test_shelve_moves_a_log_into_its_run_folder_and_never_overwrites(tmp_path):
   folder = results.benchmark_dir(tmp_path, "sys", "resnet")
   folder.mkdir(parents=True)
   first = _stale(folder, "one")
-  kept = results.shelve(first, tmp_path)
+  home = results.run_folder(tmp_path, "sys", "resnet", results.run_id(first))
+  kept = results.shelve(first, home)
   assert kept == tmp_path / "runs" / "sys" / "resnet" / results.run_id(first) / "partial.log"
   assert kept.read_text() == "one" and not first.exists()
   again = folder / first.name
   again.write_text("two")
-  second = results.shelve(again, tmp_path)
+  second = results.shelve(again, home)
   assert second.name == "partial_1.log" and kept.read_text() == "one"
   assert list(folder.iterdir()) == []
 
