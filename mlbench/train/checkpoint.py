@@ -21,10 +21,7 @@ reshards onto whatever mesh the resumed run has (a smaller pod after a failure).
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 
 from mlbench import compliance, config as config_lib, results
-from mlbench.train import checkpoint, loop, runtime as runtime_lib, signals
+from mlbench.train import checkpoint, loop, peers, runtime as runtime_lib, signals
 from mlbench.config import RunConfig
 from mlbench.errors import Interrupted, UserError
 from mlbench.mllog import MLLog
@@ -113,10 +113,16 @@ def run_all(plan: Plan, *, console: Console,
     ids = _run_ids(len(seed_list), plan.runtime.process_count)
     todo = [(i, s, rid, None) for i, (s, rid) in enumerate(zip(seed_list, ids))]
   outcomes = []
+  watch = peers.PeerWatch(plan.runtime.process_index, plan.runtime.process_count).start()
   for index, seed, rid, resume in todo:
-    outcome = _one(plan, Run(index, seed, rid, tuple(seed_list), resume), console)
+    outcome = _one(plan, Run(index, seed, rid, tuple(seed_list), resume), console, watch)
     on_outcome(outcome)
     outcomes.append(outcome)
+    signum = signals.requested()
+    if signum is not None:  # It came after the run's last step: the run is filed, stop here.
+      raise Interrupted(signum, f"stopped by {signal.Signals(signum).name} after run "
+                                f"{index + 1}, whose log is {outcome.result.log}; the "
+                                "remaining runs were not started")
   return outcomes
 
 
@@ -180,7 +186,12 @@ def _saver(plan: Plan, run: Run) -> tuple[checkpoint.RunSaver | None, Path]:
   return checkpoint.RunSaver(ckpt_dir, rc.checkpoint_every), folder
 
 
-def _one(plan: Plan, run: Run, console: Console) -> Outcome:
+def _one(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch) -> Outcome:
+  with signals.StopOnSignals():  # Before the log exists: a signal never finds it unguarded.
+    return _guarded_one(plan, run, console, watch)
+
+
+def _guarded_one(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch) -> Outcome:
   leader = plan.runtime.is_leader
   saver, folder = _saver(plan, run)
   pending = (results.pending_log(plan.rc.results_dir, plan.system, plan.workload.benchmark,
@@ -189,21 +200,23 @@ def _one(plan: Plan, run: Run, console: Console) -> Outcome:
   title = (f"{plan.workload.name} run {run.index + 1}/{len(run.seeds)} (seed {run.seed})"
            + (" resumed" if run.resume else ""))
   stop = _Stop(plan, log, pending, folder, saver, console)
+  signals.on_timeout(stop.cut_short)
+  watch.on_lost = stop.peer_lost
   try:
-    with signals.StopOnSignals(), RunProgress(
-        title=title, total_samples=plan.schedule.max_train_samples,
-        train_examples=plan.schedule.train_examples, console=console,
-        enabled=leader) as progress:
-      signals.on_timeout(stop.cut_short)
+    with RunProgress(title=title, total_samples=plan.schedule.max_train_samples,
+                     train_examples=plan.schedule.train_examples, console=console,
+                     enabled=leader) as progress:
       result = loop.run_once(plan, run.seed, log, progress, saver)
   except Interrupted as e:
     raise Interrupted(e.signum, stop.interrupted(e.signum)) from None
   except BaseException:
     stop.crashed()
+    watch.settle()  # A collective that failed because a peer died: say which one.
     raise
   finally:
     signals.on_timeout(lambda signum: None)
-  log.close()
+    watch.on_lost = lambda message: None
+  stop.finished()
   if saver is not None:
     saver.final()
     saver.close()
@@ -261,11 +274,24 @@ class _Stop:
     return (f"{what}, the checkpoint of step {step} in {self._saver.directory}; resume with: "
             f"mlbench run {self._plan.workload.name} --resume {self._saver.directory}")
 
+  def finished(self) -> None:
+    """The run ended normally: close its log; nothing left for a stop to do."""
+    with self._lock:
+      self._done = True
+      self._log.close()
+
   def cut_short(self, signum: int) -> None:
     """The watchdog's last words when the run could not stop in time."""
+    filed = self._done and self._kept is None
     kept = self._close_log(stopped=True)
+    where = ("the run's log was already filed" if filed
+             else f"the partial log is kept at {kept}")
     os.write(2, (f"interrupted by {signal.Signals(signum).name} (no safe point reached in "
-                 f"{signals.GRACE_S:g} s): the partial log is kept at {kept}\n").encode())
+                 f"{signals.GRACE_S:g} s): {where}\n").encode())
+
+  def peer_lost(self, message: str) -> None:
+    """Another process died: the run cannot finish; file its log away (no result)."""
+    self._close_log(stopped=True)
 
   def crashed(self) -> None:
     if self._saver is not None:
