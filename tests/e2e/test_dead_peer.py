@@ -1,4 +1,9 @@
-"""A process of a two-process run dies: the other stops in time, names it, files no result."""
+"""A process of a two-process run dies: the other stops in time, names it, files no result.
+
+Process 1 dying is noticed by mlbench's peer watch (heartbeats in the
+coordination service's key-value store); process 0 dying takes the coordination
+service with it, and JAX itself aborts the survivor with a message naming the
+leader. Either way within seconds, and with no result file."""
 
 from __future__ import annotations
 
@@ -45,7 +50,12 @@ def test_the_survivor_exits_within_60_s_naming_the_lost_process(data_dir, tmp_pa
   took = time.time() - t0
   procs[victim].wait()
   assert took < 60, took
-  assert survivor.returncode == 1, err[-3000:]
-  lost = f"process {victim}" + (" (the coordinator)" if victim == 0 else "")
-  assert f"error: {lost} of 2 stopped responding" in err, err[-3000:]
   assert results.result_files(folder) == []
+  if victim == 1:
+    assert survivor.returncode == 1, err[-3000:]
+    assert "error: process 1 of 2 stopped responding" in err, err[-3000:]
+  else:
+    # The coordinator died: JAX's coordination client aborts this process at once
+    # from C++ (a Python callback cannot be installed there), naming the leader.
+    assert survivor.returncode != 0
+    assert "the leader task was preempted/died" in err, err[-3000:]
