@@ -17,7 +17,7 @@ from mlbench import results
 
 pytestmark = pytest.mark.slow
 
-# One epoch of the ResNet-50 mini: 40 steps of 32, an evaluation at the end.
+# One epoch of the ResNet-50 mini: 20 steps of 64, an evaluation at the end.
 ARGS = ["run", "resnet50", "--set", "train_epochs=1", "--system", "cpu-test", "--seed", "3",
         "--checkpoint-every", "5"]
 
@@ -140,3 +140,32 @@ def test_a_second_ctrl_c_exits_at_once(data_dir, tmp_path):
   assert rc == 128 + signal.SIGINT and took < 3, (took, err[-2000:])
   assert "SIGINT again: exiting now" in err
   assert results.result_files(_bench(tmp_path)) == []
+
+
+def _pending_has(cwd: Path, key: str) -> bool:
+  folder = _bench(cwd)
+  return folder.is_dir() and any(f'"key": "{key}"' in p.read_text()
+                                 for p in folder.glob("pending_*.log"))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["TERM", "KILL"])
+@pytest.mark.parametrize("when", ["init_start", "eval_start"])
+def test_a_run_killed_anywhere_leaves_no_result_and_nothing_counted(data_dir, tmp_path, mlbench,
+                                                                    signum, when):
+  """Killed during init and compile, or during an evaluation (after 2 checkpoints)."""
+  proc = _start(tmp_path, *ARGS, "--data-dir", str(data_dir), "--cpu-devices", "8")
+  _wait_for(lambda: _pending_has(tmp_path, when) or proc.poll() is not None)
+  proc.send_signal(signum)
+  proc.communicate(timeout=60)
+  assert proc.returncode == (128 + signum if signum == signal.SIGTERM else -signum)
+  assert results.result_files(_bench(tmp_path)) == []
+  out = mlbench("validate", str(tmp_path / "results"), cwd=tmp_path, timeout=300)
+  assert "runs: no result_*.txt files" in out.stderr, out.stderr[-2000:]
+  if when == "eval_start":  # The checkpoints of steps 5 .. 20 let the run finish.
+    [folder] = list(_runs(tmp_path).iterdir())
+    out = mlbench("run", "resnet50", "--resume", str(folder), "--data-dir", str(data_dir),
+                  "--cpu-devices", "8", cwd=tmp_path)
+    assert out.returncode == 1, out.stderr[-3000:]  # Finished: one epoch is below the target.
+    assert json.loads(out.stdout.splitlines()[-1])["samples"] == 1280
+    assert [p.name for p in results.result_files(_bench(tmp_path))] == ["result_0.txt"]
+    assert not list(_bench(tmp_path).glob("pending_*"))
