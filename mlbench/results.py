@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import re
+import secrets
 import shutil
 import uuid
 from importlib import metadata
@@ -59,7 +60,8 @@ def system_file(results_dir: Path, system: str) -> Path:
 
 
 def new_run_id() -> str:
-  return uuid.uuid4().hex[:8]
+  """8 hex digits of a 31-bit number: it survives a broadcast as a JAX int32."""
+  return f"{secrets.randbits(31):08x}"
 
 
 def pending_log(results_dir: Path, system: str, benchmark: str, rid: str | None = None) -> Path:
