@@ -96,6 +96,10 @@ class RunConfig:
     input_mode: deterministic or fast input pipelines.
     coordinator, num_processes, process_id: jax.distributed settings for a
       multi-host run (None: auto-detected on TPU pods and SLURM, else 1 process).
+    checkpoint_every: save a checkpoint every this many steps (0: never).
+    checkpoint_dir: where checkpoints go (None: each run's folder under
+      `<results_dir>/runs/`).
+    resume: the checkpoint folder of the interrupted run to continue.
   """
 
   workload: str
@@ -118,6 +122,9 @@ class RunConfig:
   coordinator: str | None = None
   num_processes: int | None = None
   process_id: int | None = None
+  checkpoint_every: int = 0
+  checkpoint_dir: Path | None = None
+  resume: Path | None = None
 
 
 def load(workload: Workload, name_or_path: str | None) -> tuple[str, Any]:

@@ -16,3 +16,17 @@ class UserError(Exception):
 def choices(names) -> str:
   """Formats valid choices for an error message: 'a, b, c'."""
   return ", ".join(sorted(str(n) for n in names))
+
+
+class Interrupted(BaseException):
+  """The run was stopped by a signal (SIGTERM, SIGINT); the CLI exits 128 + `signum`.
+
+  A BaseException, like KeyboardInterrupt, so `except Exception` in library
+  code never swallows it. `message` is the one line the CLI prints: what was
+  kept and how to resume.
+  """
+
+  def __init__(self, signum: int, message: str = ""):
+    super().__init__(message or f"interrupted by signal {signum}")
+    self.signum = signum
+    self.message = message or f"interrupted by signal {signum}"

@@ -56,7 +56,8 @@ class MLLog:
   run's device-synced clock); without it mllog reads the wall clock.
   """
 
-  def __init__(self, path: Path | None):
+  def __init__(self, path: Path | None, *, prefix: str = ""):
+    """`prefix`: the log so far of a run that resumes (written first, then continued)."""
     self._path = path
     self._ml = None
     self._handler = None
@@ -67,7 +68,9 @@ class MLLog:
     logger = logging.getLogger(f"mlbench.mllog.{uuid.uuid4().hex}")
     logger.propagate = False
     logger.setLevel(logging.INFO)
-    self._handler = logging.FileHandler(path, mode="x", encoding="utf-8")
+    with open(path, "x", encoding="utf-8") as f:  # "x": never continue someone else's file.
+      f.write(prefix)
+    self._handler = logging.FileHandler(path, mode="a", encoding="utf-8")
     self._handler.setFormatter(logging.Formatter("%(message)s"))
     logger.addHandler(self._handler)
     root = str(Path(__file__).resolve().parent.parent)

@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import re
+import secrets
 import shutil
 import uuid
 from importlib import metadata
@@ -58,11 +59,17 @@ def system_file(results_dir: Path, system: str) -> Path:
   return path
 
 
-def pending_log(results_dir: Path, system: str, benchmark: str) -> Path:
-  """A fresh file name for a run's log while it runs (not a result_*.txt)."""
+def new_run_id() -> str:
+  """8 hex digits of a 31-bit number: it survives a broadcast as a JAX int32."""
+  return f"{secrets.randbits(31):08x}"
+
+
+def pending_log(results_dir: Path, system: str, benchmark: str, rid: str | None = None) -> Path:
+  """A fresh file name for a run's log while it runs (not a result_*.txt):
+  `pending_<pid>_<run id>.log`."""
   folder = benchmark_dir(results_dir, system, benchmark)
   folder.mkdir(parents=True, exist_ok=True)
-  return folder / f"pending_{os.getpid()}_{uuid.uuid4().hex[:8]}.log"
+  return folder / f"pending_{os.getpid()}_{rid or new_run_id()}.log"
 
 
 _PENDING = re.compile(r"pending_(\d+)_([0-9a-f]{8})\.log")
@@ -71,11 +78,11 @@ PARTIAL_LOG = "partial.log"
 
 
 def run_id(pending: Path) -> str:
-  """`<pid>_<hex>`: the identity of the run logging into `pending`."""
+  """The identity of the run logging into `pending` (its run folder's name)."""
   m = _PENDING.fullmatch(pending.name)
   if not m:
     raise ValueError(f"{pending} is not a pending log")
-  return f"{m[1]}_{m[2]}"
+  return m[2]
 
 
 def run_folder(results_dir: Path, system: str, benchmark: str, rid: str) -> Path:
@@ -114,14 +121,12 @@ def pending_logs(folder: Path) -> tuple[list[Path], list[Path]]:
   return stale, live
 
 
-def shelve(pending: Path, results_dir: Path) -> Path:
+def shelve(pending: Path, folder: Path) -> Path:
   """Moves a pending log into its run folder as `partial.log`; never overwrites.
 
   Returns:
     Where the log now is.
   """
-  folder = run_folder(results_dir, pending.parent.parent.name, pending.parent.name,
-                      run_id(pending))
   folder.mkdir(parents=True, exist_ok=True)
   dst = folder / PARTIAL_LOG
   i = 0

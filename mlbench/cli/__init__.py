@@ -17,7 +17,7 @@ from mlbench.cli.compare import compare_cmd
 from mlbench.cli.info import describe_cmd, list_cmd
 from mlbench.cli.run import run_cmd
 from mlbench.cli.validate import validate_cmd
-from mlbench.errors import UserError
+from mlbench.errors import Interrupted, UserError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     result = cli.main(args=argv, prog_name="mlbench", standalone_mode=False)
   except UserError as e:
     return _fail(str(e))
+  except Interrupted as e:  # A stop by signal: say what was kept; exit 128 + signal.
+    click.echo(e.message, err=True)
+    return 128 + e.signum
   except click.exceptions.NoSuchOption as e:
     hint = f"; did you mean {', '.join(e.possibilities)}?" if e.possibilities else ""
     return _fail(f"no such option {e.option_name}{hint} (see `mlbench {e.ctx.info_name} --help`)"

@@ -50,11 +50,26 @@ from mlbench.config import Division, RunConfig, default_cache_dir
               help="Simulate this many CPU devices (a pod on one host).")
 @click.option("--clear-caches", is_flag=True, envvar="MLBENCH_CLEAR_CACHES",
               help="Drop the OS page cache before each run (needs root), as MLPerf requires.")
+@click.option("--checkpoint-every", type=click.IntRange(min=0), default=0, show_default=True,
+              envvar="MLBENCH_CHECKPOINT_EVERY", metavar="STEPS",
+              help="Save a checkpoint (asynchronously, with orbax) every STEPS train steps, and "
+                   "on SIGTERM/SIGINT, so an interrupted run can be resumed. 0: off.")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False, path_type=Path),
+              envvar="MLBENCH_CHECKPOINT_DIR",
+              help="Folder for checkpoints (its parent must exist). [default: each run's folder, "
+                   "<results-dir>/runs/<system>/<benchmark>/<run id>/checkpoints]")
+@click.option("--resume", "resume", type=click.Path(path_type=Path), metavar="PATH",
+              help="Continue the interrupted run whose run folder (or checkpoint folder) is "
+                   "PATH: same seed and settings, its log continued, its time counted from its "
+                   "original run_start.")
 @scaling_options
-def run_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...],
-            init_checkpoint: str | None, data_dir: Path | None, results_dir: Path, system: str | None, seed: int | None,
-            runs: int, ruleset: str | None, division: str, submitter: str,
-            cpu_devices: int | None, clear_caches: bool, **scaling) -> int:
+@click.pass_context
+def run_cmd(ctx: click.Context, workload: str, config_name: str | None,
+            overrides: tuple[str, ...], init_checkpoint: str | None, data_dir: Path | None,
+            results_dir: Path, system: str | None, seed: int | None, runs: int,
+            ruleset: str | None, division: str, submitter: str, cpu_devices: int | None,
+            clear_caches: bool, checkpoint_every: int, checkpoint_dir: Path | None,
+            resume: Path | None, **scaling) -> int:
   """Train WORKLOAD to its quality target and write MLPerf result logs.
 
   Prints one JSON line per run on stdout; progress and summaries on stderr.
@@ -74,7 +89,14 @@ def run_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...],
                  data_dir=data_dir or default_cache_dir() / "data", results_dir=results_dir,
                  system=system, seed=seed, runs=runs, ruleset=ruleset,
                  division=Division(division), submitter=submitter, cpu_devices=cpu_devices,
-                 clear_caches=clear_caches, **scaling_config(scaling))
+                 clear_caches=clear_caches, checkpoint_every=checkpoint_every,
+                 checkpoint_dir=checkpoint_dir, **scaling_config(scaling))
+  if resume is not None:  # Before JAX starts: a clashing --resume fails at once.
+    from mlbench.train import resume as resume_lib
+
+    given = {p.name for p in ctx.command.params if ctx.get_parameter_source(p.name) in (
+        click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)}
+    rc = resume_lib.resumed_config(rc, resume, given)
   console = output.console()
   plan = runner.prepare(rc)
   if plan.runtime.is_leader:
@@ -116,6 +138,12 @@ def _report(plan, outcome, console) -> None:
       f"{r.samples_per_s:,.0f} samples/s ({r.flops_per_s / 1e9:,.1f} GFLOP/s); "
       f"init {r.init_s:.1f} s; input wait {wait:.1f}%; optimizer state "
       f"{r.opt_state_bytes / 2**20:,.2f} MiB per device; log {r.log}", highlight=False)
+  if r.goodput is not None:
+    console.print(r.goodput.summary(), highlight=False)
+  if r.checkpoint_saves:
+    waits = [w for _, w in r.checkpoint_saves]
+    console.print(f"{len(waits)} checkpoint(s); the step loop waited {sum(waits):.2f} s for them "
+                  f"(at most {max(waits):.2f} s each)", highlight=False)
   if r.init_s > init_limit:
     console.print(f"[red]init took {r.init_s / 60:.1f} min, over the {init_limit / 60:g} min the "
                   f"{plan.rule.ruleset} rules allow: this run is not compliant", highlight=False)
@@ -133,6 +161,8 @@ def _report(plan, outcome, console) -> None:
       "init_s": round(r.init_s, 3),
       "input_wait_fraction": round(wait / 100, 4), "train_metrics": r.train_metrics,
       "optimizer_state_bytes_per_device": r.opt_state_bytes,
+      "goodput": r.goodput.to_json() if r.goodput else None,
+      "checkpoints": len(r.checkpoint_saves),
       "log": str(r.log) if r.log else None,
       "compliant": None if check is None else check.passed}))
 

@@ -114,7 +114,7 @@ def _print(report, console) -> None:
   if report.files:
     _files_table(report, report.files, console)
     for finding in report.files[0].checker_findings + report.files[0].findings:
-      if finding.severity.value != "INFO" or finding.check == "eval schedule":
+      if finding.severity.value != "INFO" or finding.check in ("eval schedule", "resumed"):
         console.print(f"  {finding.severity.value} {finding.check}: {finding.message}"
                       + (f" (line {finding.lineno})" if finding.lineno else ""), highlight=False)
   if report.benchmarks:

@@ -95,7 +95,7 @@ def _records(files: Sequence[str], opts: PipelineOptions, *, parallel: bool) -> 
 
 def train_dataset(files: Sequence[str], decode: Callable[[Any, Any], dict[str, Any]], *,
                   per_host_batch: int, seed: int, host: int, hosts: int,
-                  opts: PipelineOptions = PipelineOptions()) -> Any:
+                  opts: PipelineOptions = PipelineOptions(), skip_batches: int = 0) -> Any:
   """An endless, shuffled, decoded, batched tf.data pipeline of this host's files.
 
   Args:
@@ -105,6 +105,9 @@ def train_dataset(files: Sequence[str], decode: Callable[[Any, Any], dict[str, A
     seed: run seed; shuffling and augmentation are reproducible from it.
     host, hosts: this process's index and the process count.
     opts: tuning knobs.
+    skip_batches: start after this many batches (a resumed run): the same
+      batches follow as in a run that never stopped. Records are skipped
+      before they are decoded, so skipping costs reading, not decoding.
   """
   t = tf()
   mine = sorted(files)[host::hosts]
@@ -120,8 +123,10 @@ def train_dataset(files: Sequence[str], decode: Callable[[Any, Any], dict[str, A
   records = records.shuffle(opts.shuffle_buffer, seed=host_seed,
                             reshuffle_each_iteration=True).repeat()
   seeds = t.data.Dataset.random(seed=host_seed).batch(2)
-  ds = t.data.Dataset.zip((records, seeds)).map(
-      decode, num_parallel_calls=t.data.AUTOTUNE, deterministic=opts.deterministic)
+  ds = t.data.Dataset.zip((records, seeds))
+  if skip_batches:  # Decoding is one-to-one and batches are full: skip whole batches' records.
+    ds = ds.skip(skip_batches * per_host_batch)
+  ds = ds.map(decode, num_parallel_calls=t.data.AUTOTUNE, deterministic=opts.deterministic)
   ds = ds.batch(per_host_batch, drop_remainder=True)
   return ds.prefetch(t.data.AUTOTUNE).with_options(_options(opts))
 

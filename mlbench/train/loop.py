@@ -13,6 +13,7 @@ timestamp is read after the devices finish (`Clock`). Process 0 writes the log.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 from pathlib import Path
@@ -21,8 +22,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from mlbench.train import data, evaluate, mesh as mesh_lib, runtime as runtime_lib, steps
+from mlbench.train import data, evaluate, goodput, mesh as mesh_lib, runtime as runtime_lib
+from mlbench.train import signals, steps
 from mlbench.train.clock import Clock
+from mlbench.train.checkpoint import RunSaver
 from mlbench.mllog import MLLog
 from mlbench.train.plan import Plan, Point
 from mlbench.train.progress import RunProgress
@@ -47,6 +50,8 @@ class RunResult:
   diverged: str | None = None
   flops_per_example: float = 0.0
   opt_state_bytes: int = 0
+  goodput: goodput.Goodput | None = None
+  checkpoint_saves: list[tuple[int, float]] = dataclasses.field(default_factory=list)
   log: Path | None = None
 
   @property
@@ -59,23 +64,41 @@ class RunResult:
     return self.samples_per_s * self.flops_per_example
 
 
-def run_once(plan: Plan, seed: int, log: MLLog, progress: RunProgress) -> RunResult:
-  """One complete time-to-quality run, logged to `log`."""
+def run_once(plan: Plan, seed: int, log: MLLog, progress: RunProgress,
+             saver: RunSaver | None = None) -> RunResult:
+  """One complete time-to-quality run, logged to `log`.
+
+  With `saver` (see mlbench.train.checkpoint via the runner), the run saves
+  checkpoints, or continues from one when `saver.resuming`.
+  """
   clock, result = Clock(), RunResult(seed=seed)
-  cleared = runtime_lib.clear_page_cache() if plan.rc.clear_caches else False
-  log.cache_clear(cleared, time_ms=clock.mark("cache_clear"))
-  log.init_start(time_ms=clock.mark("init_start"))
-  _log_setup(plan, seed, log)
+  if saver is not None and saver.resuming:
+    saver.continue_clock(clock, result)  # The log so far is already in `log`.
+    clock.mark("resume_start")
+  else:
+    cleared = runtime_lib.clear_page_cache() if plan.rc.clear_caches else False
+    log.cache_clear(cleared, time_ms=clock.mark("cache_clear"))
+    log.init_start(time_ms=clock.mark("init_start"))
+    _log_setup(plan, seed, log)
   programs = steps.compile_programs(plan.workload, plan.cfg, plan.schedule, plan.mesh, plan.ctx,
                                     plan.tx, weight_update_sharding=plan.rc.weight_update_sharding)
   result.opt_state_bytes = programs.opt_state_bytes
-  log.event("mlbench_optimizer_state_bytes_per_device", programs.opt_state_bytes)
-  state = programs.init_state(seed)
-  log.init_stop(time_ms=clock.mark("init_stop", state))
+  start, sums = 0, None
+  if saver is not None and saver.resuming:
+    state, start, sums = saver.restore(plan, programs, clock, log)
+    progress.advance(start * plan.gbs)
+  else:
+    log.event("mlbench_optimizer_state_bytes_per_device", programs.opt_state_bytes)
+    state = programs.init_state(seed)
+    log.init_stop(time_ms=clock.mark("init_stop", state))
+    log.run_start(time_ms=clock.mark("run_start"))
   result.init_s = clock.between("init_start", "init_stop")
-  log.run_start(time_ms=clock.mark("run_start"))
-  _train_and_evaluate(plan, programs, state, seed, log, clock, progress, result)
+  if saver is not None:
+    saver.start(clock, result, log)
+  _train_and_evaluate(plan, programs, state, seed, log, clock, progress, result,
+                      start=start, sums=sums, saver=saver)
   result.time_to_train_s = clock.between("run_start", "run_stop")
+  result.goodput = goodput.measure(clock, result)
   result.train_s, result.eval_s = clock.segments["train"], clock.segments["eval"]
   if programs.train_flops:  # XLA's count is per device of the SPMD program.
     result.flops_per_example = programs.train_flops * plan.mesh.devices.size / plan.gbs
@@ -93,24 +116,33 @@ def _log_setup(plan: Plan, seed: int, log: MLLog) -> None:
 
 
 def _train_and_evaluate(plan: Plan, programs: steps.Programs, state: Any, seed: int, log: MLLog,
-                        clock: Clock, progress: RunProgress, result: RunResult) -> None:
+                        clock: Clock, progress: RunProgress, result: RunResult, *,
+                        start: int = 0, sums: Any = None, saver: RunSaver | None = None) -> None:
   """Blocks of training and evaluations until the target or the budget; logs run_stop.
 
   run_stop is logged here, while the input pipelines are still alive: tearing
-  them down is not part of the run.
+  them down is not part of the run. A resumed run starts at step `start`
+  (inside a block whose block_start is already logged) with that block's `sums`.
   """
-  train_batches = _train_iterator(plan, programs, seed)
+  train_batches = _train_iterator(plan, programs, seed, skip=start)
   eval_ds = _eval_dataset(plan, seed)
-  step, first_epoch = 0, 1
+  step, block_first, first_epoch = start, 0, 1
   for point in plan.points:
-    log.block_start(first_epoch, point.epoch - first_epoch + 1, step * plan.gbs,
-                    time_ms=clock.mark("block_start"))
+    if point.step < start:  # Done before the checkpoint this run resumed from.
+      block_first, first_epoch = point.step, point.epoch + 1
+      continue
+    if step == block_first:
+      log.block_start(first_epoch, point.epoch - first_epoch + 1, step * plan.gbs,
+                      time_ms=clock.mark("block_start"))
     state, sums, waited = _train_block(programs, state, train_batches, point.step - step,
-                                       plan.gbs, progress, sync=plan.runtime.simulated_pod)
+                                       plan.gbs, progress, sync=plan.runtime.simulated_pod,
+                                       first_step=step, sums=sums, saver=saver)
     clock.add("train", clock.since("block_start", state))
     result.input_wait_s += waited
-    result.train_metrics = _mean_metrics(sums, point.step - step)
-    step, result.samples, result.epoch = point.step, point.samples, point.epoch
+    result.train_metrics = _mean_metrics(sums, point.step - block_first)
+    sums = None
+    step, block_first = point.step, point.step
+    result.samples, result.epoch = point.samples, point.epoch
     if not all(math.isfinite(v) for v in result.train_metrics.values()):
       result.diverged = f"training diverged before epoch {point.epoch}: {result.train_metrics}"
       progress.note(f"[red]{result.diverged}; stopping the run (status aborted)")
@@ -128,13 +160,18 @@ def _train_and_evaluate(plan: Plan, programs: steps.Programs, state: Any, seed: 
 
 
 def _train_block(programs: steps.Programs, state: Any, batches: Any, n: int, gbs: int,
-                 progress: RunProgress, *, sync: bool = False) -> tuple[Any, Any, float]:
-  """`n` train steps; with `sync`, each waits for the last (see Runtime.simulated_pod)."""
-  sums, waited = programs.fresh_sums(), 0.0
+                 progress: RunProgress, *, sync: bool = False, first_step: int = 0,
+                 sums: Any = None, saver: RunSaver | None = None) -> tuple[Any, Any, float]:
+  """`n` train steps; with `sync`, each waits for the last (see Runtime.simulated_pod).
+
+  After each step: the saver's turn (a checkpoint every N steps), then a stop
+  requested by a signal is honoured, with the state consistent.
+  """
+  sums, waited = programs.fresh_sums() if sums is None else sums, 0.0
   # Implicit host<->device transfers in the hot loop are bugs (a stray numpy
   # array, a float() on a device value); make them fail instead of stall.
   with jax.transfer_guard("disallow"):
-    for _ in range(n):
+    for i in range(n):
       t0 = time.perf_counter()
       _, device_batch = next(batches)
       waited += time.perf_counter() - t0
@@ -142,6 +179,9 @@ def _train_block(programs: steps.Programs, state: Any, batches: Any, n: int, gbs
       if sync:
         jax.block_until_ready(state)
       progress.advance(gbs)
+      if saver is not None:
+        saver.after_step(first_step + i + 1, state, sums)
+      signals.check()
   return state, sums, waited
 
 
@@ -152,7 +192,8 @@ def _mean_metrics(sums: dict[str, Any], n: int) -> dict[str, float]:
 def _evaluate(plan: Plan, programs: steps.Programs, state: Any, eval_ds: Any, point: Point,
               log: MLLog, clock: Clock) -> float:
   log.eval_start(point.epoch, point.samples, time_ms=clock.mark("eval_start", state))
-  batches = data.prefetch(data.numpy_batches(eval_ds), _putter(plan, programs, Split.EVAL))
+  batches = signals.guarded(data.prefetch(data.numpy_batches(eval_ds),
+                                          _putter(plan, programs, Split.EVAL)))
   metrics, _ = evaluate.evaluate(plan.workload, plan.cfg, programs.eval, state, batches,
                                  plan.schedule.eval_examples)
   value = float(metrics[plan.workload.quality_metric])
@@ -191,18 +232,21 @@ def _check_batch(plan: Plan, spec: dict[str, Any], batch: dict[str, np.ndarray],
                     f"synthetic_batch() promises {want}; make decode() and synthetic_batch() agree")
 
 
-def _train_iterator(plan: Plan, programs: steps.Programs, seed: int):
+def _train_iterator(plan: Plan, programs: steps.Programs, seed: int, skip: int = 0):
+  """The train batches on the device; the first `skip` (done before a resumed
+  checkpoint) are read and dropped, so a resumed run sees the same batches."""
   spec, rt = plan.workload.input, plan.runtime
   if spec.examples is not None:
     batches = data.example_batches(spec.examples(plan.cfg, plan.data_dir, Split.TRAIN, seed),
                                    per_host_batch=plan.gbs // rt.process_count,
                                    host=rt.process_index, hosts=rt.process_count)
-    return data.prefetch(batches, _putter(plan, programs, Split.TRAIN))
+    return data.prefetch(itertools.islice(batches, skip, None),
+                         _putter(plan, programs, Split.TRAIN))
   files = spec.files(plan.cfg, plan.data_dir, Split.TRAIN)
   ds = data.train_dataset(files, spec.decode(plan.cfg, Split.TRAIN),
                           per_host_batch=plan.gbs // rt.process_count, seed=seed,
                           host=rt.process_index, hosts=rt.process_count,
-                          opts=plan.pipeline)
+                          opts=plan.pipeline, skip_batches=skip)
   return data.prefetch(data.numpy_batches(ds), _putter(plan, programs, Split.TRAIN))
 
 

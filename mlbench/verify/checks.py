@@ -91,6 +91,22 @@ def run_order(log: ResultLog) -> list[Finding]:
   return out
 
 
+def resumed(log: ResultLog) -> list[Finding]:
+  """Says where a run continued from a checkpoint (`mlbench run --resume`).
+
+  Not a failure: the run's time still counts from its first run_start, with the
+  time lost to the interruption in it.
+  """
+  out = []
+  for ln in log.all("mlbench_resumed"):
+    meta = ln.metadata or {}
+    out.append(_at("resumed", Severity.INFO,
+                   f"the run was interrupted and resumed from its checkpoint of step {ln.value}"
+                   f" on {meta.get('devices', '?')} devices; {meta.get('lost_s', '?')} s were "
+                   "lost and are in its time", ln))
+  return out
+
+
 def seed(log: ResultLog, *, required: bool) -> list[Finding]:
   seeds = log.all("seed")
   if not seeds:

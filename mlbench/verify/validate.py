@@ -181,6 +181,7 @@ def _file_findings(log: ResultLog, ruleset: str, division: str | None,
                    desc: dict[str, Any] | None, system: str | None,
                    tolerance_ms: float) -> list[Finding]:
   out = checks.parse_errors(log) + checks.timestamps(log, tolerance_ms) + checks.run_order(log)
+  out += checks.resumed(log)
   out += checks.schedule(log, rules_lib.find(log.benchmark, ruleset))
   required = division == "closed" and ruleset in official.RULESETS_WITH_PACKAGE_CHECKS
   out += checks.seed(log, required=required)

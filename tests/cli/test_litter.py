@@ -41,12 +41,13 @@ def test_shelve_moves_a_log_into_its_run_folder_and_never_overwrites(tmp_path):
   folder = results.benchmark_dir(tmp_path, "sys", "resnet")
   folder.mkdir(parents=True)
   first = _stale(folder, "one")
-  kept = results.shelve(first, tmp_path)
+  home = results.run_folder(tmp_path, "sys", "resnet", results.run_id(first))
+  kept = results.shelve(first, home)
   assert kept == tmp_path / "runs" / "sys" / "resnet" / results.run_id(first) / "partial.log"
   assert kept.read_text() == "one" and not first.exists()
   again = folder / first.name
   again.write_text("two")
-  second = results.shelve(again, tmp_path)
+  second = results.shelve(again, home)
   assert second.name == "partial_1.log" and kept.read_text() == "one"
   assert list(folder.iterdir()) == []
 
@@ -121,3 +122,23 @@ def test_after_sigkill_the_next_run_files_the_leftover_away(mlbench, tmp_path, d
   assert sorted(p.name for p in folder.iterdir()) == ["result_0.txt"]
   kept = tmp_path / "results" / "runs" / "cpu-test" / "resnet" / results.run_id(leftover)
   assert (kept / "partial.log").is_file()
+
+
+def test_validate_reports_a_resumed_run(capsys, tmp_path, write_log):
+  """A log continued by `mlbench run --resume` carries mlbench_resumed; validate says so."""
+  from mlbench.mllog import MLLog
+
+  log = tmp_path / "result_0.txt"
+  write_log(log, [0.5, 0.985])
+  lines = log.read_text().splitlines(keepends=True)
+  cut = next(i for i, ln in enumerate(lines) if '"block_start"' in ln)
+  resumed = tmp_path / "resumed.txt"
+  MLLog(resumed, prefix="".join(lines[:cut])).event(
+      "mlbench_resumed", 11, {"checkpoint": "ck", "devices": 4, "lost_s": 12.5})
+  with open(resumed, "a") as f:
+    f.writelines(lines[cut:])
+  rc = main(["validate", str(resumed)])
+  err = capsys.readouterr().err
+  assert rc == 0, err
+  assert ("INFO resumed: the run was interrupted and resumed from its checkpoint of step 11 on 4 "
+          "devices; 12.5 s were lost and are in its time") in err

@@ -58,6 +58,22 @@ def test_train_batches_are_reproducible_and_seeded(files):
   np.testing.assert_array_equal(a[0]["x"][:, 0], a[0]["id"].astype(np.float32))
 
 
+@pytest.mark.parametrize("skip", [1, 13, 30])
+def test_a_resumed_pipeline_continues_with_exactly_the_same_batches(files, skip):
+  """Skipping k batches (a resumed run) gives batches k, k+1, ... of the full run, with
+  the same augmentation randomness, across epoch boundaries (13 batches of 8 > 103)."""
+  def batches(skip_batches, n):
+    ds = data.train_dataset(files, decode, per_host_batch=8, seed=4, host=1, hosts=2,
+                            skip_batches=skip_batches)
+    it = data.numpy_batches(ds)
+    return [next(it) for _ in range(n)]
+
+  whole, resumed = batches(0, skip + 4), batches(skip, 4)
+  for x, y in zip(whole[skip:], resumed, strict=True):
+    for key in ("id", "x", "noise"):
+      np.testing.assert_array_equal(x[key], y[key])
+
+
 def test_train_files_are_split_between_hosts(files):
   ids = []
   for host in range(2):
