@@ -96,6 +96,9 @@ class RunConfig:
     input_mode: deterministic or fast input pipelines.
     coordinator, num_processes, process_id: jax.distributed settings for a
       multi-host run (None: auto-detected on TPU pods and SLURM, else 1 process).
+    precision: float32 or bfloat16 for the model's matmuls and activations (the
+      config's `model.dtype`); None: bfloat16 for full configs on TPUs and GPUs,
+      the config's own elsewhere.
   """
 
   workload: str
@@ -118,6 +121,10 @@ class RunConfig:
   coordinator: str | None = None
   num_processes: int | None = None
   process_id: int | None = None
+  precision: str | None = None
+
+
+PRECISIONS = ("float32", "bfloat16")
 
 
 def load(workload: Workload, name_or_path: str | None) -> tuple[str, Any]:
