@@ -56,23 +56,32 @@ def checker_config(rule: rules_lib.Rule, cache_dir: Path) -> Path | None:
   base = rules_lib.find(rule.checker_benchmark, rule.checker_ruleset)
   parts = [rule.benchmark, rule.checker_ruleset, repr(rule.quality),
            metadata.version("mlperf-logging")]
-  if rule.modelled:
+  constrained = rule.modelled or _relaxed(rule, base)
+  if constrained:
     parts += [rule.checker_benchmark, repr(rule.hyperparameters)]
   root = cache_dir / "checker" / f"{rule.ruleset}-{rule.benchmark}-{_digest('|'.join(parts))}"
   if not root.is_dir():
-    _derive(rule, None if base is None else base.quality.target, root)
+    _derive(rule, None if base is None else base.quality.target, root, constrained=constrained)
   return root / f"{rule.checker_usage}_{rule.checker_ruleset}" / "common.yaml"
+
+
+def _relaxed(rule: rules_lib.Rule, base: rules_lib.Rule | None) -> bool:
+  """A mini ruleset that states its own hyperparameter constraints (llama31_8b's frees the
+  keys that pin the reference's scale) instead of inheriting the official ones."""
+  return base is not None and base.hyperparameters != rule.hyperparameters
 
 
 def _digest(text: str) -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _derive(rule: rules_lib.Rule, official_target: float | None, root: Path) -> None:
+def _derive(rule: rules_lib.Rule, official_target: float | None, root: Path, *,
+            constrained: bool = False) -> None:
   """Writes the derived rule files under `root`, atomically.
 
   `official_target` picks the threshold to replace; None (mlbench has no rules
-  of the official benchmark) replaces the quality check's only threshold.
+  of the official benchmark) replaces the quality check's only threshold. With
+  `constrained`, the benchmark's files carry our rule's hyperparameter checks.
   """
   import yaml
 
@@ -88,7 +97,7 @@ def _derive(rule: rules_lib.Rule, official_target: float | None, root: Path) -> 
       continue
     (tmp / folder.name).mkdir()
     ours = folder.name.endswith(f"_{rule.checker_ruleset}")
-    common = _common_keys(folder) if ours and rule.modelled else set()
+    common = _common_keys(folder) if ours and constrained else set()
     for f in folder.glob("*.yaml"):
       text = f.read_text().replace(_ENQUEUE, f"{_ENQUEUE}{absolute}/")
       name = f.name
@@ -97,8 +106,9 @@ def _derive(rule: rules_lib.Rule, official_target: float | None, root: Path) -> 
         replaced += _retarget(records, rule, official_target)
         if rule.modelled:  # Ours is a copy under our name; the official file stays as is.
           (tmp / folder.name / name).write_text(text)
-          _constrain(records, rule, common, closed=f.stem.startswith("closed_"))
           name = name.replace(rule.checker_benchmark, rule.benchmark, 1)
+        if constrained:
+          _constrain(records, rule, common, closed=f.stem.startswith("closed_"))
         text = yaml.safe_dump(records, sort_keys=False, width=1000)
       elif ours and rule.modelled:
         records = yaml.load(text, Loader=yaml.BaseLoader) or []

@@ -24,6 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from mlbench import paths
 from mlbench.errors import UserError
 
 # Allowed `status` values of systems/<system>.json (system_desc_checker, >= 4.0)
@@ -38,11 +39,23 @@ DEFAULT_STATUS = "Research, Development, or Internal (RDI)"
 
 
 def benchmark_dir(results_dir: Path, system: str, benchmark: str) -> Path:
-  return results_dir / "results" / system / benchmark
+  """`<results_dir>/results/<system>/<benchmark>`, checked to stay inside `results_dir`.
+
+  Raises:
+    UserError: a name is not one safe path component, or the folder resolves
+      (through a link) outside `results_dir`.
+  """
+  folder = (results_dir / "results" / paths.check_name("system name", system)
+            / paths.check_name("benchmark name", benchmark))
+  paths.inside(results_dir, folder)
+  return folder
 
 
 def system_file(results_dir: Path, system: str) -> Path:
-  return results_dir / "systems" / f"{system}.json"
+  """`<results_dir>/systems/<system>.json`, checked like `benchmark_dir`."""
+  path = results_dir / "systems" / f"{paths.check_name('system name', system)}.json"
+  paths.inside(results_dir, path)
+  return path
 
 
 def pending_log(results_dir: Path, system: str, benchmark: str) -> Path:
@@ -50,6 +63,105 @@ def pending_log(results_dir: Path, system: str, benchmark: str) -> Path:
   folder = benchmark_dir(results_dir, system, benchmark)
   folder.mkdir(parents=True, exist_ok=True)
   return folder / f"pending_{os.getpid()}_{uuid.uuid4().hex[:8]}.log"
+
+
+_PENDING = re.compile(r"pending_(\d+)_([0-9a-f]{8})\.log")
+PARTIAL_LOG = "partial.log"
+"""What an interrupted run's log is called inside its run folder."""
+
+
+def run_id(pending: Path) -> str:
+  """`<pid>_<hex>`: the identity of the run logging into `pending`."""
+  m = _PENDING.fullmatch(pending.name)
+  if not m:
+    raise ValueError(f"{pending} is not a pending log")
+  return f"{m[1]}_{m[2]}"
+
+
+def run_folder(results_dir: Path, system: str, benchmark: str, rid: str) -> Path:
+  """`<results_dir>/runs/<system>/<benchmark>/<run id>`: one run's checkpoints and,
+  if it was interrupted, its partial log. Outside `results/`, so the package
+  checks never see it."""
+  folder = (results_dir / "runs" / paths.check_name("system name", system)
+            / paths.check_name("benchmark name", benchmark) / paths.check_name("run id", rid))
+  paths.inside(results_dir, folder)
+  return folder
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # Someone else's process: alive.
+    return True
+  return True
+
+
+def pending_logs(folder: Path) -> tuple[list[Path], list[Path]]:
+  """(stale, live) pending logs in a benchmark folder.
+
+  Stale: the process that wrote it no longer runs on this host (it was killed,
+  or the machine went down). A results dir shared between hosts can make a live
+  run of another host look stale: the pid is all a pending name records.
+  """
+  stale, live = [], []
+  if folder.is_dir():
+    for p in sorted(folder.iterdir()):
+      m = _PENDING.fullmatch(p.name)
+      if m and p.is_file():
+        (live if _alive(int(m[1])) and int(m[1]) != os.getpid() else stale).append(p)
+  return stale, live
+
+
+def shelve(pending: Path, results_dir: Path) -> Path:
+  """Moves a pending log into its run folder as `partial.log`; never overwrites.
+
+  Returns:
+    Where the log now is.
+  """
+  folder = run_folder(results_dir, pending.parent.parent.name, pending.parent.name,
+                      run_id(pending))
+  folder.mkdir(parents=True, exist_ok=True)
+  dst = folder / PARTIAL_LOG
+  i = 0
+  while not _place(pending, dst):
+    i += 1
+    dst = folder / f"partial_{i}.log"
+  pending.unlink()
+  return dst
+
+
+def check_writable(folder: Path, what: str, *, parents: bool = False,
+                   min_free_bytes: int = 64 << 20) -> None:
+  """Creates `folder` and proves a file can be written there.
+
+  Args:
+    parents: create missing parents too; without it the parent must exist, so
+      a folder on a mount that is not there is an error, not a new folder on
+      the root filesystem.
+
+  Raises:
+    UserError: the parent is missing (a missing mount?), the folder cannot be
+      written, or its filesystem has less than `min_free_bytes` free.
+  """
+  folder = Path(folder)
+  if not parents and not folder.exists() and not folder.parent.is_dir():
+    raise UserError(f"{what} {folder}: its parent {folder.parent} does not exist (a missing "
+                    "mount?); create it or choose another folder")
+  try:
+    folder.mkdir(parents=parents, exist_ok=True)
+    probe = folder / f".write-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    probe.write_bytes(b"x")
+    probe.unlink()
+    free = shutil.disk_usage(folder).free
+  except OSError as e:
+    raise UserError(f"cannot write to {what} {folder} ({e.strerror or e}); choose a writable "
+                    "folder") from None
+  if free < min_free_bytes:
+    raise UserError(f"{what} {folder} has only {free / 2**20:.1f} MiB free (at least "
+                    f"{min_free_bytes / 2**20:.0f} MiB needed); free some space or choose "
+                    "another folder")
 
 
 def _place(src: Path, dst: Path) -> bool:

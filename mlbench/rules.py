@@ -109,11 +109,15 @@ _CHECKS = {
 }
 
 
-def _violation(check: Mapping[str, Any], value: Any, key: str) -> str | None:
+def _violation(check: Mapping[str, Any], value: Any, key: str,
+               logged: Mapping[str, Any] | None = None) -> str | None:
   for op, arg in check.items():
     try:
-      ok = _CHECKS[op](value, arg)
-    except (TypeError, ValueError, ZeroDivisionError):
+      if op == "total_with":  # value + another logged key's value == a total
+        ok = logged is None or value + logged[arg["key"]] == arg["eq"]
+      else:
+        ok = _CHECKS[op](value, arg)
+    except (TypeError, ValueError, ZeroDivisionError, KeyError):
       ok = False
     if not ok:
       return f"{key}={value!r} must satisfy {op} {arg!r}"
@@ -136,9 +140,14 @@ class Hyperparameter:
   def applies(self, hparams: Mapping[str, Any]) -> bool:
     return all(hparams.get(k) == v for k, v in self.when.items())
 
-  def violation(self, value: Any, metadata: Mapping[str, Any] | None = None) -> str | None:
-    """None if `value` (and its line's metadata) satisfy every check, else the rule."""
-    msg = _violation(self.check, value, self.key)
+  def violation(self, value: Any, metadata: Mapping[str, Any] | None = None,
+                logged: Mapping[str, Any] | None = None) -> str | None:
+    """None if `value` (and its line's metadata) satisfy every check, else the rule.
+
+    `logged` (every logged key's value) is what checks across keys (`total_with`)
+    compare with; without it they pass.
+    """
+    msg = _violation(self.check, value, self.key, logged)
     if msg or metadata is None:
       return msg
     for field, check in self.metadata.items():
@@ -193,7 +202,7 @@ class Rule:
         continue
       if h.key not in hparams:
         out.append(f"{h.key} is required but not logged")
-      elif closed and (msg := h.violation(*unpack(hparams[h.key]))):
+      elif closed and (msg := h.violation(*unpack(hparams[h.key]), logged=plain)):
         out.append(msg)
     return out
 

@@ -89,6 +89,9 @@ class Schedule:
       every one is evaluated exactly once per evaluation.
     max_train_samples: the training budget; a run that has not reached its
       quality target by then stops with status `aborted`.
+    gradient_accumulation_steps: each training step splits its global batch into
+      this many microbatches, run one after another, and applies the optimizer
+      once to their mean gradient (for batches bigger than memory).
   """
 
   global_batch_size: int
@@ -96,6 +99,7 @@ class Schedule:
   train_examples: int
   eval_examples: int
   max_train_samples: int
+  gradient_accumulation_steps: int = 1
 
   @property
   def steps_per_epoch(self) -> float:
@@ -200,6 +204,18 @@ dict of tensors of fixed shape (one example, no batch axis).
 """
 
 
+class Examples(Protocol):
+  """Random-access examples: `len(x)` and `x[i] -> {feature: array}` (one example, no
+  batch axis), like a PyTorch map-style dataset. For data in formats of its own whose
+  order the format defines (Megatron indexed datasets and their shuffled sample index)."""
+
+  def __len__(self) -> int:
+    ...
+
+  def __getitem__(self, index: int) -> Mapping[str, np.ndarray]:
+    ...
+
+
 @dataclasses.dataclass(frozen=True)
 class InputSpec:
   """How the harness reads a workload's data; the harness builds the pipeline.
@@ -208,10 +224,17 @@ class InputSpec:
   parallel, batches, pads the evaluation set, and prefetches to devices. The
   workload only names its files and decodes one record.
 
+  A workload whose data is not TFRecords gives `examples` instead of `decode`: the
+  harness then reads training examples in index order (step s takes examples
+  [s * B, (s + 1) * B), host h its h-th slice of them, so the global batches are the
+  same whatever the host count) and evaluation examples 0 .. eval_examples - 1,
+  host h taking h, h + hosts, ..., padded and masked as for TFRecords.
+
   Attributes:
-    files: `files(cfg, data_dir, split) -> paths` of TFRecord files. Raises
-      `mlbench.errors.UserError` naming the expected layout if they are missing.
-    decode: `decode(cfg, split) -> DecodeFn`.
+    files: `files(cfg, data_dir, split) -> paths` of the data files (TFRecord
+      files, unless `examples` reads them). Raises `mlbench.errors.UserError`
+      naming the expected layout if they are missing.
+    decode: `decode(cfg, split) -> DecodeFn`, for TFRecords.
     prepare: `prepare(cfg, data_dir)` creates the dataset under `data_dir` if
       this config's data can be generated locally (the mini configs) and does
       nothing if it is already there; None if the data must be supplied. Runs
@@ -220,12 +243,19 @@ class InputSpec:
       beside the data (the Transformer's subword vocabulary, which its eval
       host part needs to turn token ids into text); runs after `prepare`.
       None: the config needs nothing from the data folder.
+    examples: `examples(cfg, data_dir, split, seed) -> Examples`, for other
+      formats; `seed` is the run's (training order may depend on it).
   """
 
   files: Callable[[Config, Path, Split], Sequence[str]]
-  decode: Callable[[Config, Split], DecodeFn]
+  decode: Callable[[Config, Split], DecodeFn] | None = None
   prepare: Callable[[Config, Path], None] | None = None
   bind: Callable[[Config, Path], Config] | None = None
+  examples: Callable[[Config, Path, Split, int], Examples] | None = None
+
+  def __post_init__(self) -> None:
+    if (self.decode is None) == (self.examples is None):
+      raise TypeError("InputSpec needs exactly one of decode (TFRecords) and examples")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,10 +42,12 @@ def compare_cmd(paths: tuple[Path, ...], ruleset: str | None, csv_file: Path | N
       raise UserError(f"{f} already exists; choose another name (mlbench never overwrites)")
   from mlbench.verify import compare
 
+  console = output.console()
+  output.note_pending(paths, console)
   entries = compare.compare(list(paths), ruleset=ruleset, timeout_s=timeout_s)
   if not entries:
     raise UserError("no result logs under " + ", ".join(map(str, paths)))
-  _table(entries, output.console())
+  _table(entries, console)
   rows = compare.rows(entries)
   if csv_file:
     _write_new(csv_file, _csv(rows))

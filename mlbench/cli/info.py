@@ -98,7 +98,7 @@ def _describe_rule(console, rule, logged) -> None:
     h = required.get(key)
     value = logged.get(key, "[red]missing")
     constraint = ", ".join(f"{op} {arg!r}" for op, arg in h.check.items()) if h else ""
-    bad = h is not None and key in logged and h.violation(*unpack(logged[key]))
+    bad = h is not None and key in logged and h.violation(*unpack(logged[key]), logged=plain)
     shown = _shown(logged[key]) if key in logged else value
     table.add_row(key, f"[red]{shown}" if bad else shown, "yes" if h else "", constraint)
   console.print(table)

@@ -12,3 +12,28 @@ def console(*, stderr: bool = True) -> Console:
   if not c.is_terminal:
     c = Console(stderr=stderr, width=200, soft_wrap=True)
   return c
+
+
+def note_pending(paths, console: Console) -> None:
+  """Says which logs of unfinished runs under `paths` are not counted (validate, compare).
+
+  Only `result_<i>.txt` files are ever read as results; a pending log is a run
+  in progress, or the leftover of one that was killed.
+  """
+  from pathlib import Path
+
+  from mlbench import results
+
+  folders = set()
+  for path in map(Path, paths):
+    if path.is_dir():
+      folders |= {p.parent for p in path.rglob("pending_*.log")}
+  for folder in sorted(folders):
+    stale, live = results.pending_logs(folder)
+    if stale:
+      console.print(f"note: ignoring {len(stale)} log(s) of killed runs in {folder} ("
+                    + ", ".join(p.name for p in stale) + "); `mlbench run` there moves them to "
+                    "runs/", highlight=False)
+    if live:
+      console.print(f"note: ignoring {len(live)} log(s) of runs still in progress in {folder}",
+                    highlight=False)

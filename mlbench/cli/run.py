@@ -21,6 +21,9 @@ from mlbench.config import Division, RunConfig, default_cache_dir
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a config value, e.g. --set optimizer.base_learning_rate=8 "
                    "(repeatable; `mlbench describe` lists the keys).")
+@click.option("--init-checkpoint", metavar="PATH", envvar="MLBENCH_INIT_CHECKPOINT",
+              help="Start from these weights (BERT: the MLPerf phase-1 TensorFlow checkpoint "
+                   "model.ckpt-28252); the same as --set init_checkpoint=PATH.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
               envvar="MLBENCH_DATA_DIR",
               help="Dataset folder; mini datasets are generated here. "
@@ -49,7 +52,7 @@ from mlbench.config import Division, RunConfig, default_cache_dir
               help="Drop the OS page cache before each run (needs root), as MLPerf requires.")
 @scaling_options
 def run_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...],
-            data_dir: Path | None, results_dir: Path, system: str | None, seed: int | None,
+            init_checkpoint: str | None, data_dir: Path | None, results_dir: Path, system: str | None, seed: int | None,
             runs: int, ruleset: str | None, division: str, submitter: str,
             cpu_devices: int | None, clear_caches: bool, **scaling) -> int:
   """Train WORKLOAD to its quality target and write MLPerf result logs.
@@ -57,8 +60,16 @@ def run_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...],
   Prints one JSON line per run on stdout; progress and summaries on stderr.
   Exit code 0 when every run reached the target with a compliant log, else 1.
   """
+  from mlbench import paths
+
+  # Names become folders under --results-dir: refuse a bad one before JAX starts.
+  if system is not None:
+    paths.check_name("--system", system)
+  paths.check_name("--submitter", submitter)
   from mlbench.train import runner  # Heavy: JAX, Flax, TensorFlow.
 
+  if init_checkpoint:  # a config key of the workloads that start from weights
+    overrides = (*overrides, f"init_checkpoint={init_checkpoint}")
   rc = RunConfig(workload=workload, config=config_name, overrides=tuple(overrides),
                  data_dir=data_dir or default_cache_dir() / "data", results_dir=results_dir,
                  system=system, seed=seed, runs=runs, ruleset=ruleset,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
@@ -18,12 +20,16 @@ from mlbench.cli import output
 @click.option("--usage", default="training", show_default=True, type=click.Choice(["training"]),
               help="MLPerf usage the logs belong to.")
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON on stdout.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=120.0,
-              show_default=True, help="Seconds an official tool may take on one input.")
+@click.option("--official-timeout", "--timeout", "timeout_s", type=click.FloatRange(min=1),
+              default=120.0, show_default=True, envvar="MLBENCH_OFFICIAL_TIMEOUT",
+              help="Seconds the official checker may take on one log (and each other official "
+                   "tool on one input); a log it runs out of fails, naming the line it was on.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), envvar="MLBENCH_JOBS",
+              help="Logs checked at once by the official checker.  [default: one per core]")
 @click.option("--tolerance-ms", type=click.FloatRange(min=0), default=1000.0, show_default=True,
               help="Steps back in time up to this many ms are warnings (clock skew), not failures.")
 def validate_cmd(path: Path, ruleset: str | None, usage: str, as_json: bool, timeout_s: float,
-                 tolerance_ms: float) -> int:
+                 jobs: int | None, tolerance_ms: float) -> int:
   """Check PATH: a result log, a results/<system>/<benchmark> folder, or a package.
 
   Runs the official compliance checker on every log, the package checks (result
@@ -34,13 +40,42 @@ def validate_cmd(path: Path, ruleset: str | None, usage: str, as_json: bool, tim
   """
   from mlbench.verify import validate
 
-  report = validate.validate(path, ruleset=ruleset, usage=usage, timeout_s=timeout_s,
-                             tolerance_ms=tolerance_ms)
   console = output.console()
+  output.note_pending([path], console)
+  with _progress(console) as progress:
+    report = validate.validate(path, ruleset=ruleset, usage=usage, timeout_s=timeout_s,
+                               tolerance_ms=tolerance_ms, processes=jobs, progress=progress)
   _print(report, console)
   if as_json:
     click.echo(json.dumps(report.to_json(), indent=2))
   return report.exit_code
+
+
+@contextlib.contextmanager
+def _progress(console) -> Iterator[Callable[[int, int], None] | None]:
+  """A bar over the logs the official checker has judged, on a terminal, for many logs."""
+  from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+  if not console.is_terminal:
+    yield None
+    return
+  bar = Progress("official checker", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                 console=console, transient=True)
+  task = None
+
+  def update(done: int, total: int) -> None:
+    nonlocal task
+    if total < 2:
+      return
+    if task is None:
+      bar.start()
+      task = bar.add_task("logs", total=total)
+    bar.update(task, completed=done)
+
+  try:
+    yield update
+  finally:
+    bar.stop()
 
 
 def _rel(path: Path, root: Path) -> str:

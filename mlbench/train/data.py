@@ -155,8 +155,53 @@ def eval_dataset(files: Sequence[str], decode: Callable[[Any, Any], dict[str, An
 
 
 def numpy_batches(ds: Any) -> Iterator[dict[str, np.ndarray]]:
-  """Iterates a tf.data dataset of dicts as numpy dicts."""
-  return ds.as_numpy_iterator()
+  """Iterates a tf.data dataset of dicts (or an `EvalBatches`) as numpy dicts."""
+  return iter(ds) if isinstance(ds, EvalBatches) else ds.as_numpy_iterator()
+
+
+def _stack(examples: Any, indices: Sequence[int]) -> dict[str, np.ndarray]:
+  rows = [examples[i] for i in indices]
+  return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+
+def example_batches(examples: Any, *, per_host_batch: int, host: int, hosts: int,
+                    start_step: int = 0) -> Iterator[dict[str, np.ndarray]]:
+  """Endless training batches of random-access `examples` (`InputSpec.examples`), in
+  index order: step s covers examples [s * B, (s + 1) * B) of the global batch B, and
+  this host takes its `host`-th slice (wrapping around at the end)."""
+  n, step = len(examples), start_step
+  while True:
+    first = step * per_host_batch * hosts + host * per_host_batch
+    yield _stack(examples, [(first + i) % n for i in range(per_host_batch)])
+    step += 1
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalBatches:
+  """This host's share of random-access evaluation examples, padded as `eval_dataset`
+  pads TFRecords (host h takes examples h, h + hosts, ...; padding has `mask` 0).
+  Iterable any number of times."""
+
+  examples: Any
+  num_examples: int
+  per_host_batch: int
+  host: int
+  hosts: int
+
+  def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+    if len(self.examples) < self.num_examples:
+      raise UserError(f"the evaluation data holds {len(self.examples)} examples; the rules "
+                      f"evaluate {self.num_examples}")
+    mine = list(range(self.host, self.num_examples, self.hosts))
+    steps = eval_steps(self.num_examples, self.per_host_batch, self.hosts)
+    for s in range(steps):
+      chunk = mine[s * self.per_host_batch:(s + 1) * self.per_host_batch]
+      real = len(chunk)
+      batch = _stack(self.examples, chunk + [0] * (self.per_host_batch - real))
+      for v in batch.values():
+        v[real:] = 0
+      batch[MASK] = (np.arange(self.per_host_batch) < real).astype(np.int32)
+      yield batch
 
 
 def prefetch(batches: Iterable[Any], put: Callable[[Any], Any], depth: int = 2) -> Iterator[Any]:

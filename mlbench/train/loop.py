@@ -100,7 +100,7 @@ def _train_and_evaluate(plan: Plan, programs: steps.Programs, state: Any, seed: 
   them down is not part of the run.
   """
   train_batches = _train_iterator(plan, programs, seed)
-  eval_ds = _eval_dataset(plan)
+  eval_ds = _eval_dataset(plan, seed)
   step, first_epoch = 0, 1
   for point in plan.points:
     log.block_start(first_epoch, point.epoch - first_epoch + 1, step * plan.gbs,
@@ -192,15 +192,27 @@ def _check_batch(plan: Plan, spec: dict[str, Any], batch: dict[str, np.ndarray],
 
 
 def _train_iterator(plan: Plan, programs: steps.Programs, seed: int):
-  files = plan.workload.input.files(plan.cfg, plan.data_dir, Split.TRAIN)
-  ds = data.train_dataset(files, plan.workload.input.decode(plan.cfg, Split.TRAIN),
-                          per_host_batch=plan.gbs // plan.runtime.process_count, seed=seed,
-                          host=plan.runtime.process_index, hosts=plan.runtime.process_count,
+  spec, rt = plan.workload.input, plan.runtime
+  if spec.examples is not None:
+    batches = data.example_batches(spec.examples(plan.cfg, plan.data_dir, Split.TRAIN, seed),
+                                   per_host_batch=plan.gbs // rt.process_count,
+                                   host=rt.process_index, hosts=rt.process_count)
+    return data.prefetch(batches, _putter(plan, programs, Split.TRAIN))
+  files = spec.files(plan.cfg, plan.data_dir, Split.TRAIN)
+  ds = data.train_dataset(files, spec.decode(plan.cfg, Split.TRAIN),
+                          per_host_batch=plan.gbs // rt.process_count, seed=seed,
+                          host=rt.process_index, hosts=rt.process_count,
                           opts=plan.pipeline)
   return data.prefetch(data.numpy_batches(ds), _putter(plan, programs, Split.TRAIN))
 
 
-def _eval_dataset(plan: Plan) -> Any:
+def _eval_dataset(plan: Plan, seed: int) -> Any:
+  spec, rt = plan.workload.input, plan.runtime
+  if spec.examples is not None:
+    return data.EvalBatches(spec.examples(plan.cfg, plan.data_dir, Split.EVAL, seed),
+                            num_examples=plan.schedule.eval_examples,
+                            per_host_batch=plan.schedule.eval_batch_size // rt.process_count,
+                            host=rt.process_index, hosts=rt.process_count)
   files = plan.workload.input.files(plan.cfg, plan.data_dir, Split.EVAL)
   return data.eval_dataset(files, plan.workload.input.decode(plan.cfg, Split.EVAL),
                            num_examples=plan.schedule.eval_examples,

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from mlbench import config as config_lib, registry, results, rules
+from mlbench import config as config_lib, paths, registry, results, rules
 from mlbench.train import data, mesh as mesh_lib
 from mlbench.config import Division, InputMode, RunConfig
 from mlbench.errors import UserError, choices
@@ -92,7 +92,7 @@ def harness_hparams(schedule: Schedule) -> dict[str, Any]:
   return {"global_batch_size": schedule.global_batch_size,
           "train_samples": schedule.train_examples,
           "eval_samples": schedule.eval_examples,
-          "gradient_accumulation_steps": 1}
+          "gradient_accumulation_steps": schedule.gradient_accumulation_steps}
 
 
 def _check_batches(schedule: Schedule, runtime: Runtime, mesh: Any) -> None:
@@ -103,6 +103,12 @@ def _check_batches(schedule: Schedule, runtime: Runtime, mesh: Any) -> None:
       raise UserError(f"{name}={size} does not split evenly over {devices} data-parallel devices "
                       f"and {runtime.process_count} processes; --set {name}= a multiple of "
                       f"{math.lcm(devices, runtime.process_count)}")
+  k = schedule.gradient_accumulation_steps
+  if k > 1 and (schedule.global_batch_size % (k * devices)):
+    raise UserError(f"global_batch_size={schedule.global_batch_size} does not split into {k} "
+                    f"microbatches that split evenly over {devices} data-parallel devices; "
+                    "--set gradient_accumulation_steps= a divisor of "
+                    f"{schedule.global_batch_size // devices}")
 
 
 def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | None = None) -> Plan:
@@ -128,7 +134,8 @@ def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | Non
                     + "; ".join(problems) + ("; use --division open or change the config"
                                              if rc.division is Division.CLOSED else ""))
   machine = machine or results.probe(runtime.local_devices, runtime.process_count)
-  system = rc.system or results.default_system_name(machine)
+  system = paths.check_name("--system", rc.system or results.default_system_name(machine))
+  paths.check_name("--submitter", rc.submitter)
   description = results.describe(machine, system=system, submitter=rc.submitter,
                                  division=rc.division.value, notes=_hw_notes(runtime, rc))
   return Plan(rc=rc, runtime=runtime, workload=workload, config_name=name, cfg=cfg, rule=rule,

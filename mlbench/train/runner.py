@@ -2,8 +2,10 @@
 
 Per run: a fresh log file (pending until the run ends), the run itself, then
 the log is published as the next free `result_<i>.txt` and checked by the
-official compliance checker under the run's rules. A run that crashes leaves
-its pending log in place (it is evidence) and is not published.
+official compliance checker under the run's rules. A run that crashes or is
+interrupted is not published: its log (evidence) moves to its run folder,
+`runs/<system>/<benchmark>/<run id>/`, outside `results/`, as does the pending
+log of a run that was killed outright, at the start of the next run.
 """
 
 from __future__ import annotations
@@ -61,6 +63,11 @@ def prepare(rc: RunConfig) -> Plan:
   runtime = runtime_lib.setup(cpu_devices=rc.cpu_devices, distributed=runtime_lib.Distributed(
       rc.coordinator, rc.num_processes, rc.process_id))
   plan = make_plan(rc, runtime)
+  if runtime.is_leader:
+    # A link out of --results-dir, or a folder that cannot be written, fails now,
+    # before the data is prepared and before any compile.
+    results.benchmark_dir(rc.results_dir, plan.system, plan.workload.benchmark)
+    results.check_writable(rc.results_dir, "--results-dir", parents=True)
   if plan.workload.input.prepare is not None:
     try:
       plan.workload.input.prepare(plan.cfg, rc.data_dir)
@@ -86,12 +93,26 @@ def prepare(rc: RunConfig) -> Plan:
 def run_all(plan: Plan, *, console: Console,
             on_outcome: Callable[[Outcome], None] = lambda o: None) -> list[Outcome]:
   """All runs of the plan, one after another."""
+  if plan.runtime.is_leader:
+    _tidy(plan, console)
   outcomes = []
   for i, seed in enumerate(seeds(plan.rc, plan.runtime.process_count)):
     outcome = _one(plan, i, seed, console)
     on_outcome(outcome)
     outcomes.append(outcome)
   return outcomes
+
+
+def _tidy(plan: Plan, console: Console) -> None:
+  """Moves the pending logs of runs that no longer run (killed) out of the result folder."""
+  folder = results.benchmark_dir(plan.rc.results_dir, plan.system, plan.workload.benchmark)
+  stale, live = results.pending_logs(folder)
+  for pending in stale:
+    kept = results.shelve(pending, plan.rc.results_dir)
+    console.print(f"note: {pending.name} was left by a run that no longer runs; its log is "
+                  f"kept at {kept} and is not a result", highlight=False)
+  if live:
+    console.print(f"note: {len(live)} other run(s) still log into {folder}", highlight=False)
 
 
 def _one(plan: Plan, index: int, seed: int, console: Console) -> Outcome:
@@ -107,8 +128,9 @@ def _one(plan: Plan, index: int, seed: int, console: Console) -> Outcome:
       result = loop.run_once(plan, seed, log, progress)
   except BaseException:
     log.close()
-    if pending is not None:
-      console.print(f"[yellow]the incomplete log of this run is kept at {pending}", highlight=False)
+    if pending is not None:  # Out of the result folder, where nothing may count it.
+      kept = results.shelve(pending, plan.rc.results_dir)
+      console.print(f"[yellow]the incomplete log of this run is kept at {kept}", highlight=False)
     raise
   log.close()
   check = None

@@ -21,6 +21,7 @@ from mlbench.errors import UserError
 AXIS_RULES: Mapping[str, str | None] = {
     "batch": "data",
     "embed": None,
+    "fsdp": "data",   # a width axis split over data: fully sharded parameters (FSDP)
     "mlp": "model",
     "heads": "model",
     "kv": None,

@@ -83,22 +83,57 @@ def init_fn(workload: Workload, cfg: Any, tx: optax.GradientTransformation):
   return init
 
 
+def microbatches(batch: Batch, k: int) -> Batch:
+  """[B, ...] -> [k, B/k, ...]; microbatch j holds rows j, j + k, j + 2k, ..., so every
+  device that holds a contiguous block of rows has its share of every microbatch."""
+  return jax.tree.map(lambda x: x.reshape((x.shape[0] // k, k) + x.shape[1:]).swapaxes(0, 1),
+                      batch)
+
+
+def value_and_grad(workload: Workload, cfg: Any, ctx: StepContext, params: Any,
+                   model_state: Any, batch: Batch, rng: jax.Array, accumulate: int = 1):
+  """((loss, (model_state, metrics)), grads) of the workload's loss on `batch`; with
+  `accumulate` > 1, means over that many microbatches run one after another."""
+
+  def one(state, mb, key):
+    return jax.value_and_grad(
+        lambda p: workload.loss(cfg, ctx, p, state, mb, key), has_aux=True)(params)
+
+  if accumulate == 1:
+    return one(model_state, batch, rng)
+
+  def body(carry, xs):
+    state, acc = carry
+    mb, j = xs
+    (loss, (state, metrics)), grads = one(state, mb, jax.random.fold_in(rng, j))
+    out = (loss, metrics, grads)
+    return (state, jax.tree.map(jnp.add, acc, out)), None
+
+  zeros = jax.eval_shape(lambda: one(model_state, jax.tree.map(lambda x: x[0],
+                                                               microbatches(batch, accumulate)),
+                                     rng))
+  acc0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                      (zeros[0][0], zeros[0][1][1], zeros[1]))
+  (model_state, (loss, metrics, grads)), _ = jax.lax.scan(
+      body, (model_state, acc0), (microbatches(batch, accumulate), jnp.arange(accumulate)))
+  mean = lambda t: jax.tree.map(lambda x: x / accumulate, t)
+  return (mean(loss), (model_state, mean(metrics))), mean(grads)
+
+
 def train_fn(workload: Workload, cfg: Any, ctx: StepContext, tx: optax.GradientTransformation,
-             update_sharding: Any = None, param_sharding: Any = None):
+             update_sharding: Any = None, param_sharding: Any = None, accumulate: int = 1):
   """(state, metric_sums, batch) -> (state, metric_sums): one optimizer step.
 
   With `update_sharding` (weight-update sharding), gradients and parameters are
   constrained to it for the optimizer update, and the new parameters back to
-  `param_sharding`: XLA reduce-scatters, updates shards, all-gathers.
+  `param_sharding`: XLA reduce-scatters, updates shards, all-gathers. With
+  `accumulate` > 1 the gradient is the mean over that many microbatches.
   """
 
   def step(state: TrainState, sums: dict[str, jax.Array], batch: Batch):
     rng = jax.random.fold_in(state.rng, state.step)
-
-    def loss_fn(params):
-      return workload.loss(cfg, ctx, params, state.model_state, batch, rng)
-
-    (loss, (model_state, metrics)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    (loss, (model_state, metrics)), grads = value_and_grad(
+        workload, cfg, ctx, state.params, state.model_state, batch, rng, accumulate)
     params = state.params
     if update_sharding is not None:
       grads = jax.lax.with_sharding_constraint(grads, update_sharding)
@@ -140,7 +175,8 @@ def compile_programs(workload: Workload, cfg: Any, schedule: Schedule, mesh: Any
   train_spec = batch_spec(workload, cfg, Split.TRAIN, schedule.global_batch_size, batch_sh)
   eval_spec = batch_spec(workload, cfg, Split.EVAL, schedule.eval_batch_size, batch_sh)
 
-  train = train_fn(workload, cfg, ctx, tx, update_sh, state_sh.params)
+  train = train_fn(workload, cfg, ctx, tx, update_sh, state_sh.params,
+                   accumulate=schedule.gradient_accumulation_steps)
   names = metric_names(workload, cfg, ctx, state_shapes, train_spec)
   sums_sh = {k: rep for k in names}
   state_in = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),

@@ -16,6 +16,9 @@ from mlbench import rules as rules_lib
 from mlbench.verify.resultlog import Line, ResultLog
 
 
+MAX_QUOTE = 500
+
+
 class Severity(enum.Enum):
   FAIL = "FAIL"
   WARN = "WARN"
@@ -33,8 +36,11 @@ class Finding:
   line: str | None = None
 
   def to_json(self) -> dict[str, Any]:
+    line = self.line  # A broken log's line may be megabytes long; the report quotes its start.
+    if line is not None and len(line) > MAX_QUOTE:
+      line = f"{line[:MAX_QUOTE]}... ({len(line):,} characters)"
     return {"check": self.check, "severity": self.severity.value, "message": self.message,
-            "lineno": self.lineno, "line": self.line}
+            "lineno": self.lineno, "line": line}
 
 
 def _at(check: str, severity: Severity, message: str, line: Line | None = None) -> Finding:

@@ -13,14 +13,21 @@ The functions named `_tool_*` run inside the workers.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import multiprocessing
 import os
 import shutil
+import signal
 import tempfile
+import time
 import warnings
 from collections.abc import Callable, Sequence
+from multiprocessing import connection
+from multiprocessing.connection import Connection
 from typing import Any
+
+from mlbench.verify.resultlog import ResultLog
 
 RULESETS_WITH_PACKAGE_CHECKS = ("1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0",
                                 "4.1.0", "5.0.0", "5.1.0", "6.0.0", "6.1.0")
@@ -60,13 +67,92 @@ def _in_worker(fn: Callable[..., Any], args: tuple) -> tuple[Any, list[str], str
   return value, handler.records + notes, error
 
 
+def _serve(conn: Connection) -> None:
+  """A worker's loop: one (fn, args) in, one `_in_worker` result out, until the pipe closes."""
+  while True:
+    try:
+      fn, args = conn.recv()
+    except (EOFError, OSError):
+      return
+    result = _in_worker(fn, args)
+    try:
+      conn.send(result)
+    except Exception as e:  # A value that does not pickle is the tool's failure, not ours.
+      conn.send((None, result[1], f"{type(e).__name__} returning the result: {e}"))
+
+
+class _Worker:
+  """One worker process and the call it is running."""
+
+  def __init__(self, ctx: Any):
+    self.conn, child = ctx.Pipe()
+    self.proc = ctx.Process(target=_serve, args=(child,), daemon=True)
+    self.proc.start()
+    child.close()
+    self.index: int | None = None
+    self.deadline = 0.0
+
+  def start(self, index: int, fn: Callable[..., Any], args: tuple, timeout_s: float) -> None:
+    self.index, self.deadline = index, time.monotonic() + timeout_s
+    self.conn.send((fn, args))
+
+  def kill(self) -> None:
+    if self.proc.is_alive():
+      self.proc.kill()
+    self.proc.join()
+    self.conn.close()
+
+
+def crash_message(exitcode: int | None) -> str:
+  """How a worker process ended, in words: its exit code, or the signal that killed it."""
+  if exitcode is not None and exitcode < 0:
+    try:
+      name = signal.Signals(-exitcode).name
+    except ValueError:
+      name = "an unknown signal"
+    return f"the worker process crashed: killed by {name} (signal {-exitcode})"
+  return f"the worker process crashed: it exited with code {exitcode}"
+
+
+def _reading(pid: int) -> str:
+  """Which file a hung worker is reading, and near which line ('' when not knowable).
+
+  Linux tells a process's open files and their offsets in /proc. Python reads a
+  text file in 8 KiB chunks, so the line being worked on ends within the last
+  chunk read: the line holding the byte 8 KiB before the offset is at or just
+  before it.
+  """
+  try:
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+      target = os.readlink(f"/proc/{pid}/fd/{fd}")
+      if not target.startswith("/") or target.startswith(("/dev/", "/proc/")) \
+          or target.endswith((".so", ".pyc", ".py")) or not os.path.isfile(target):
+        continue
+      with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+        pos = int(next(ln for ln in f if ln.startswith("pos:")).split()[1])
+      with open(target, "rb") as f:
+        line = f.read(max(0, pos - 8192)).count(b"\n") + 1
+      return f" reading {os.path.basename(target)}, near line {line}"
+  except (OSError, ValueError, StopIteration):
+    pass
+  return ""
+
+
 class Isolated:
-  """A pool of worker processes for official tool calls, with a per-call time limit."""
+  """Worker processes for official tool calls, each call under a time limit.
+
+  Calls run in parallel over `processes` workers. A call that outlives
+  `timeout_s` has its worker killed (after noting which file and line it was
+  reading); a worker that dies mid-call (a crash in C code, `os._exit`, the OOM
+  killer) is reported with its exit code or signal. Either way only that call
+  fails and a fresh worker takes its place.
+  """
 
   def __init__(self, processes: int = 2, timeout_s: float = 120.0):
     self._processes = max(1, processes)
     self._timeout = timeout_s
-    self._pool = None
+    self._idle: list[_Worker] = []
+    self._ctx = multiprocessing.get_context("spawn")  # nothing of the caller's JAX/TF state
 
   def __enter__(self) -> Isolated:
     return self
@@ -75,37 +161,121 @@ class Isolated:
     self.close()
 
   def close(self) -> None:
-    if self._pool is not None:
-      self._pool.terminate()
-      self._pool.join()
-      self._pool = None
+    for w in self._idle:
+      w.kill()
+    self._idle = []
 
-  def _start(self) -> Any:
-    if self._pool is None:
-      self._pool = multiprocessing.get_context("spawn").Pool(self._processes)
-    return self._pool
-
-  def map(self, fn: Callable[..., Any], calls: Sequence[tuple]) -> list[Outcome]:
-    """`fn(*args)` for every args tuple, in order; a hung call is killed and reported."""
+  def map(self, fn: Callable[..., Any], calls: Sequence[tuple],
+          on_done: Callable[[int], None] | None = None) -> list[Outcome]:
+    """`fn(*args)` for every args tuple, results in order; `on_done(i)` as each ends."""
     out: list[Outcome | None] = [None] * len(calls)
-    todo = list(range(len(calls)))
-    while todo:
-      pool = self._start()
-      pending = [(i, pool.apply_async(_in_worker, (fn, calls[i]))) for i in todo]
-      todo = []
-      for n, (i, result) in enumerate(pending):
-        try:
-          value, messages, error = result.get(timeout=self._timeout)
-          out[i] = Outcome(value, tuple(messages), error)
-        except multiprocessing.TimeoutError:
-          out[i] = Outcome(error=f"timed out after {self._timeout:.0f} s")
-          todo = [j for j, _ in pending[n + 1:]]  # Resubmit the rest to a fresh pool.
-          self.close()
-          break
+    todo, busy = list(range(len(calls)))[::-1], []
+    try:
+      while todo or busy:
+        while todo and len(busy) < self._processes:
+          w = self._idle.pop() if self._idle else _Worker(self._ctx)
+          i = todo.pop()
+          w.start(i, fn, calls[i], self._timeout)
+          busy.append(w)
+        for w, outcome, healthy in self._wait(busy):
+          busy.remove(w)
+          out[w.index] = outcome
+          if healthy:
+            self._idle.append(w)
+          else:
+            w.kill()
+          if on_done is not None:
+            on_done(w.index)
+    finally:
+      for w in busy:
+        w.kill()
     return out  # type: ignore[return-value]
+
+  def _wait(self, busy: list[_Worker]) -> list[tuple[_Worker, Outcome, bool]]:
+    """Waits for calls to end, crash or run out of time; returns those that did, each
+    with whether its worker can take another call."""
+    soonest = min(w.deadline for w in busy)
+    ready = set(connection.wait([w.conn for w in busy] + [w.proc.sentinel for w in busy],
+                                timeout=max(0.0, soonest - time.monotonic())))
+    now, done = time.monotonic(), []
+    for w in busy:
+      if w.conn in ready:
+        try:
+          value, messages, error = w.conn.recv()
+          done.append((w, Outcome(value, tuple(messages), error), True))
+          continue
+        except (EOFError, OSError):
+          w.proc.join(5)
+      if w.conn in ready or w.proc.sentinel in ready:
+        w.proc.join(5)
+        done.append((w, Outcome(error=crash_message(w.proc.exitcode)), False))
+      elif now >= w.deadline:
+        where = _reading(w.proc.pid)
+        done.append((w, Outcome(error=f"timed out after {self._timeout:g} s{where}"), False))
+    return done
 
   def call(self, fn: Callable[..., Any], *args: Any) -> Outcome:
     return self.map(fn, [args])[0]
+
+
+# What stalls the official parser (mlp_parser of every training ruleset in
+# mlperf-logging 4.1.68): it runs `re.sub(".*:::MLLOG ", ...)` on each :::MLLOG
+# line, which takes time quadratic in the line's length. Measured on a 2-core
+# CPU: 0.09 s for 16 KiB, 1.6 s for 64 KiB, 6.4 s for 128 KiB, so about half an
+# hour for one 2 MB line; and the compliance tool parses each file twice. The
+# longest line of any published log here is 2,211 characters (a 156 KB file).
+MAX_LINE_CHARS = 64 * 1024
+MAX_SQUARES = 4 * MAX_LINE_CHARS**2  # all lines together: seconds of regex, not minutes
+MAX_FILE_BYTES = 64 * 1024 * 1024  # 400 times the largest published log here
+
+
+@dataclasses.dataclass(frozen=True)
+class NotRun:
+  """Why the official checker is not run on a log, and the line that decides it."""
+
+  reason: str
+  lineno: int | None = None
+
+
+def screen(log: ResultLog, ruleset: str) -> NotRun | None:
+  """What in `log` would stall or crash the official compliance checker, found
+  without running it; None when nothing known would."""
+  lineno, chars = log.longest
+  if chars > MAX_LINE_CHARS:
+    return NotRun(f"line {lineno} is {chars:,} characters long; the official parser's time "
+                  f"grows with the square of a line's length (over {MAX_LINE_CHARS // 1024} KiB "
+                  "it takes minutes to hours), so it would stall", lineno)
+  if log.squares > MAX_SQUARES:
+    return NotRun(f"its :::MLLOG lines are too long together (the longest, line {lineno}, has "
+                  f"{chars:,} characters); the official parser's time grows with the square of "
+                  "each line's length, so it would take minutes", lineno)
+  if log.size > MAX_FILE_BYTES:
+    return NotRun(f"the file is {log.size / 2**20:,.0f} MiB, far larger than any real result log "
+                  f"(limit {MAX_FILE_BYTES // 2**20} MiB)")
+  return _unreadable(log, ruleset)
+
+
+def _unreadable(log: ResultLog, ruleset: str) -> NotRun | None:
+  """The first line on which the official parser raises instead of reporting a parse
+  error (it catches ValueError only: a missing key or a line that is not a JSON
+  object ends the whole check with a KeyError or TypeError)."""
+  if not log.errors:
+    return None
+  try:
+    parser = importlib.import_module("mlperf_logging.compliance_checker.mlp_parser.ruleset_"
+                                     + ruleset.replace(".", ""))
+  except ImportError:  # a ruleset (mini) or a release we do not know; the worker will tell
+    return None
+  for lineno, text, _ in log.errors:
+    try:  # Safe here: these lines are short (above), and this is json.loads and lookups.
+      parser.string_to_logline(lineno, text)
+    except ValueError:
+      continue
+    except Exception as e:  # noqa: BLE001 - what the official parser would raise
+      return NotRun(f"line {lineno} would crash the official parser ({type(e).__name__}: "
+                    f"{str(e)[:100]}): a :::MLLOG line must be a JSON object with time_ms, key, "
+                    "value and metadata", lineno)
+  return None
 
 
 def _silence_checker_globals() -> None:

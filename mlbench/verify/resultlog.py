@@ -43,10 +43,17 @@ class ResultLog:
   lines: list[Line]
   errors: list[tuple[int, str, str]]  # (lineno, text, problem)
   old_format: bool = False
+  # What the official parser's cost depends on (its regex is quadratic in a
+  # line's length; see mlbench.verify.official.screen): the file's size, its
+  # longest :::MLLOG line (lineno, characters) and the sum of their squares.
+  size: int = 0
+  longest: tuple[int, int] = (0, 0)
+  squares: int = 0
 
   @classmethod
   def read(cls, path: Path) -> ResultLog:
     lines, errors, old = [], [], False
+    longest, squares = (0, 0), 0
     with open(path, encoding="latin-1") as f:
       for n, raw in enumerate(f, start=1):
         if OLD_TOKEN in raw and TOKEN not in raw:
@@ -54,13 +61,15 @@ class ResultLog:
         if TOKEN not in raw:
           continue
         text = raw[raw.index(TOKEN):].strip()
-        try:
-          d = json.loads(text[len(TOKEN):])
-          lines.append(Line(n, float(d["time_ms"]), str(d["key"]), d["value"],
-                            dict(d["metadata"] or {}), text))
-        except (ValueError, KeyError, TypeError) as e:
-          errors.append((n, text, f"not a valid :::MLLOG line ({type(e).__name__}: {e})"))
-    return cls(Path(path), lines, errors, old)
+        squares += len(text) ** 2
+        longest = max(longest, (len(text), -n))
+        line, problem = _parse(n, text)
+        if line is None:
+          errors.append((n, text, problem))
+        else:
+          lines.append(line)
+    size = Path(path).stat().st_size
+    return cls(Path(path), lines, errors, old, size, (-longest[1], longest[0]), squares)
 
   def all(self, key: str) -> list[Line]:
     return [ln for ln in self.lines if ln.key == key]
@@ -92,6 +101,15 @@ class ResultLog:
     if not stamps:
       return None
     return datetime.datetime.fromtimestamp(min(stamps) / 1000, datetime.timezone.utc).date()
+
+
+def _parse(n: int, text: str) -> tuple[Line | None, str]:
+  try:
+    d = json.loads(text[len(TOKEN):])
+    return Line(n, float(d["time_ms"]), str(d["key"]), d["value"], dict(d["metadata"] or {}),
+                text), ""
+  except (ValueError, KeyError, TypeError, RecursionError) as e:  # RecursionError: deep nesting
+    return None, f"not a valid :::MLLOG line ({type(e).__name__}: {str(e)[:200]})"
 
 
 def is_log(path: Path) -> bool:
@@ -135,7 +153,8 @@ def detect_ruleset(logs: list[ResultLog]) -> tuple[str, str]:
   from mlperf_logging.benchmark_meta import get_allowed_benchmarks
 
   days = [d for d in (log.date for log in logs) if d is not None]
-  benchmarks = {log.benchmark for log in logs}
+  # A log that names no benchmark is broken and fails on its own; the others decide.
+  benchmarks = {log.benchmark for log in logs if log.benchmark is not None} or {None}
   if days:
     day = max(days)
     for ruleset, published in _rounds():

@@ -11,7 +11,9 @@ run (four for unet3d). For every system: the official system-description check.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from mlbench.verify.resultlog import ResultLog, detect_ruleset
 from mlbench.verify.submission import BenchmarkDir, Target, find, groups, read_system
 
 MAX_DROPPED = {"unet3d": 4}
+Progress = Callable[[int, int], None]  # (logs the official checker is done with, all logs)
 
 
 @dataclasses.dataclass
@@ -31,7 +34,7 @@ class FileReport:
   path: Path
   benchmark: str | None
   ruleset: str
-  checker: str  # PASS, FAIL or ERROR (the checker crashed or hung)
+  checker: str  # PASS, FAIL, ERROR (it crashed or hung) or NOT RUN (it would have)
   checker_findings: list[Finding]
   findings: list[Finding]
 
@@ -104,8 +107,9 @@ _CODE_FAILED = re.compile(r"Failed executing CHECK code:\n(.*)\ntriggered by lin
 def _checker_findings(outcome: official.Outcome, log: ResultLog) -> tuple[str, list[Finding]]:
   """The checker's verdict, and its messages as findings pointing at file lines."""
   if outcome.error is not None:
+    near = re.search(r"near line (\d+)", outcome.error)
     return "ERROR", [Finding("compliance", Severity.FAIL, f"the official checker failed: "
-                             f"{outcome.error}")]
+                             f"{outcome.error}", int(near.group(1)) if near else None)]
   result = outcome.value
   out = [Finding("compliance", Severity.FAIL, f"parse error: {msg}", _lineno(log, text), text)
          for text, msg in result["parse_errors"]]
@@ -116,6 +120,37 @@ def _checker_findings(outcome: official.Outcome, log: ResultLog) -> tuple[str, l
   if not result["valid"] and not out:
     out.append(Finding("compliance", Severity.FAIL, "the official checker failed the log"))
   return ("PASS" if result["valid"] else "FAIL"), out
+
+
+def _official(items: list[tuple[Path, ResultLog, str]], usage: str, tools: official.Isolated,
+              progress: Progress | None) -> list[tuple[str, list[Finding]]]:
+  """The official checker's verdict on each (log, parsed, ruleset), in parallel.
+
+  A log with what would stall or crash the checker (`official.screen`) is not
+  handed to it: its verdict is NOT RUN, a failure, with the reason and line.
+  """
+  calls = [compliance.checker_args(p, log.benchmark, rs, usage) for p, log, rs in items]
+  skipped = [official.screen(log, call[2]) for (_, log, _), call in zip(items, calls)]
+  run = [i for i, s in enumerate(skipped) if s is None]
+  total = len(items)
+  done = [total - len(run)]
+  if progress:
+    progress(done[0], total)
+
+  def tick(_: int) -> None:
+    done[0] += 1
+    if progress:
+      progress(done[0], total)
+
+  outcomes = dict(zip(run, tools.map(official._tool_compliance, [calls[i] for i in run], tick)))
+  out = []
+  for i, (_, log, _) in enumerate(items):
+    if (why := skipped[i]) is not None:
+      out.append(("NOT RUN", [Finding("compliance", Severity.FAIL, f"the official checker was "
+                                      f"not run: {why.reason}", why.lineno)]))
+    else:
+      out.append(_checker_findings(outcomes[i], log))
+  return out
 
 
 def _one_finding(message: str, log: ResultLog) -> Finding:
@@ -229,14 +264,11 @@ def _rcp(bench: BenchmarkDir, usage: str, ruleset: str, bypass: bool,
   return [Finding("rcp", severity, f"{r['message']} (score scaling {r['factor']:.6g})")]
 
 
-def _validate_files(files: list[tuple[Path, ResultLog]], ruleset: str, usage: str,
-                    division: str | None, desc: dict[str, Any] | None, system: str | None,
-                    tools: official.Isolated, tolerance_ms: float) -> list[FileReport]:
-  calls = [compliance.checker_args(p, log.benchmark, ruleset, usage) for p, log in files]
-  outcomes = tools.map(official._tool_compliance, calls)
+def _file_reports(files: list[tuple[Path, ResultLog]], verdicts: list[tuple[str, list[Finding]]],
+                  ruleset: str, division: str | None, desc: dict[str, Any] | None,
+                  system: str | None, tolerance_ms: float) -> list[FileReport]:
   out = []
-  for (path, log), outcome in zip(files, outcomes):
-    verdict, official_findings = _checker_findings(outcome, log)
+  for (path, log), (verdict, official_findings) in zip(files, verdicts):
     div = division or log.division
     out.append(FileReport(path, log.benchmark, ruleset, verdict, official_findings,
                           _file_findings(log, ruleset, div, desc, system, tolerance_ms)))
@@ -264,38 +296,73 @@ def _validate_systems(package: Path, ruleset: str, usage: str, systems_used: set
 
 def validate(path: Path, *, ruleset: str | None = None, usage: str = "training",
              timeout_s: float = 120.0, tolerance_ms: float = 1000.0,
-             processes: int = 2) -> Report:
-  """Validates a log, a benchmark folder, a package or a folder of packages."""
+             processes: int | None = None, progress: Progress | None = None) -> Report:
+  """Validates a log, a benchmark folder, a package or a folder of packages.
+
+  Args:
+    timeout_s: the time the official checker may take on one log (and each other
+      official tool on one input); a log it runs out of fails.
+    processes: worker processes for the official tools; default: one per core.
+    progress: called with (logs checked, logs in all) as the official checker ends on each.
+  """
   target = find(Path(path))
-  with official.Isolated(processes, timeout_s) as tools:
+  with official.Isolated(processes or _cores(), timeout_s) as tools:
     if target.kind == "log":
-      return _validate_one_log(target, ruleset, usage, tools, tolerance_ms)
+      return _validate_one_log(target, ruleset, usage, tools, tolerance_ms, progress)
+    plans = _plan(target, ruleset)
+    items = [(p, log, rs) for _, rs, _, logs in plans for p, log in logs]
+    verdicts = iter(_official(items, usage, tools, progress))
     benchmarks, systems = [], []
-    for root, dirs in groups(target).items():
-      logs = {b.folder: [(f, ResultLog.read(f)) for f in b.files] for b in dirs}
-      every = [log for pairs in logs.values() for _, log in pairs]
-      if not every and not ruleset:  # Nothing to read a ruleset from; the count check fails.
-        benchmarks += [BenchmarkReport(b, "-", "no logs", [], [Finding(
-            "runs", Severity.FAIL, "no result_*.txt files")]) for b in dirs]
+    for bench, rs, how, logs in plans:
+      if isinstance(how, Finding):
+        benchmarks.append(BenchmarkReport(bench, "-", "no logs", [], [how]))
         continue
-      rs, how = (ruleset, "--ruleset") if ruleset else detect_ruleset(every)
-      for bench in dirs:
-        desc, sys_findings = _read_system(bench.system_file)
-        division = (desc or {}).get("division")
-        files = _validate_files(logs[bench.folder], rs, usage, division, desc, bench.system,
-                                tools, tolerance_ms)
-        findings = _package_findings(bench, rs, division or _division(logs[bench.folder]),
-                                     usage, tools)
-        benchmarks.append(BenchmarkReport(bench, rs, how, files, findings))
-      if dirs[0].package is not None:
-        used = {b.system for b in dirs}
-        systems += _validate_systems(dirs[0].package, rules_lib.checker_ruleset(dirs[0].benchmark, rs),
-                                     usage, used, tools, only_used=target.kind == "benchmark")
+      desc, _ = _read_system(bench.system_file)
+      division = (desc or {}).get("division")
+      files = _file_reports(logs, [next(verdicts) for _ in logs], rs, division, desc,
+                            bench.system, tolerance_ms)
+      findings = _package_findings(bench, rs, division or _division(logs), usage, tools)
+      benchmarks.append(BenchmarkReport(bench, rs, how, files, findings))
+    for package, rs, used in _packages(plans):
+      systems += _validate_systems(package, rs, usage, used, tools,
+                                   only_used=target.kind == "benchmark")
   return Report(target, [], benchmarks, systems)
 
 
+def _cores() -> int:
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+_Plan = tuple[Any, str, Any, list[tuple[Path, ResultLog]]]  # (bench, ruleset, how, logs)
+
+
+def _plan(target: Target, ruleset: str | None) -> list[_Plan]:
+  """Every benchmark folder with its logs read and the ruleset they are judged by."""
+  plans: list[_Plan] = []
+  for _, dirs in groups(target).items():
+    logs = {b.folder: [(f, ResultLog.read(f)) for f in b.files] for b in dirs}
+    every = [log for pairs in logs.values() for _, log in pairs]
+    if not every and not ruleset:  # Nothing to read a ruleset from; the count check fails.
+      plans += [(b, "-", Finding("runs", Severity.FAIL, "no result_*.txt files"), [])
+                for b in dirs]
+      continue
+    rs, how = (ruleset, "--ruleset") if ruleset else detect_ruleset(every)
+    plans += [(b, rs, how, logs[b.folder]) for b in dirs]
+  return plans
+
+
+def _packages(plans: list[_Plan]) -> list[tuple[Path, str, set[str]]]:
+  """(package, ruleset of its system descriptions, systems its results use), in order."""
+  out: dict[Path, tuple[str, set[str]]] = {}
+  for bench, rs, how, _ in plans:
+    if bench.package is not None and not isinstance(how, Finding):
+      first = out.setdefault(bench.package, (rules_lib.checker_ruleset(bench.benchmark, rs), set()))
+      first[1].add(bench.system)
+  return [(p, rs, used) for p, (rs, used) in out.items()]
+
+
 def _validate_one_log(target: Target, ruleset: str | None, usage: str, tools: official.Isolated,
-                      tolerance_ms: float) -> Report:
+                      tolerance_ms: float, progress: Progress | None) -> Report:
   """A single log; if it sits in a package, its system description is used too."""
   log = ResultLog.read(target.log)
   results = target.log.parent.parent.parent
@@ -307,9 +374,10 @@ def _validate_one_log(target: Target, ruleset: str | None, usage: str, tools: of
   rs = ruleset or detect_ruleset(siblings)[0]
   system = target.log.parent.parent.name if package else None
   desc, _ = _read_system(package / "systems" / f"{system}.json" if package else None)
-  files = _validate_files([(target.log, log)], rs, usage, (desc or {}).get("division"), desc,
-                          system if desc else None, tools, tolerance_ms)
-  return Report(target, files, [], [])
+  files = [(target.log, log)]
+  verdicts = _official([(target.log, log, rs)], usage, tools, progress)
+  return Report(target, _file_reports(files, verdicts, rs, (desc or {}).get("division"), desc,
+                                      system if desc else None, tolerance_ms), [], [])
 
 
 def _division(pairs: list[tuple[Path, ResultLog]]) -> str | None:

@@ -11,7 +11,7 @@ import pytest
 
 from mlbench.train import data, sharding, steps
 from mlbench.workload import Split, StepContext
-from workloads.bert import WORKLOAD, config, input_pipeline, pretraining_data, pydoc
+from workloads.bert import WORKLOAD, config, input_pipeline, model, pretraining_data, pydoc
 
 HEADS = ("mlm_transform", "mlm_layer_norm", "mlm_output_bias", "next_sentence")
 
@@ -120,3 +120,29 @@ def test_flops_per_example_agree_with_xla_within_a_fifth(name):
   counted_by_xla = dataclasses.replace(WORKLOAD, flops_per_example=None)
   xla = steps.flops_per_example(counted_by_xla, cfg, StepContext(mesh=None))
   assert xla == pytest.approx(WORKLOAD.flops_per_example(cfg), rel=0.2)
+
+
+def _reference_gelu(x):
+  # mlcommons/training retired_benchmarks/bert/modeling.py L274-276 (gelu):
+  # cdf = 0.5 * (1.0 + tf.tanh((np.sqrt(2 / np.pi) * (x + 0.044715 * tf.pow(x, 3)))))
+  cdf = 0.5 * (1.0 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+  return x * cdf
+
+
+def test_the_mlp_uses_the_reference_tanh_gelu():
+  # The MLP's output kernel picks the first H hidden units, so its output is the
+  # activation itself; a scaled input kernel spreads them over [-4, 4], where the exact
+  # (erf) GELU differs from the reference's by up to 3e-4.
+  cfg = config.mini()
+  params, _ = WORKLOAD.init(cfg, jax.random.key(0))
+  mlp_p = params["layer_0"]["mlp"]
+  width, hidden = mlp_p["output"]["kernel"].shape[1], mlp_p["output"]["kernel"].shape[0]
+  mlp_p["intermediate"]["kernel"] = mlp_p["intermediate"]["kernel"] * 300.0
+  mlp_p["output"] = {"kernel": np.eye(hidden, width, dtype=np.float32),
+                     "bias": np.zeros(width, np.float32)}
+  batch = WORKLOAD.synthetic_batch(cfg, Split.TRAIN, 2, np.random.default_rng(0))
+  _, inter = model.Bert(cfg.model).apply({"params": params}, batch, capture_intermediates=True)
+  mlp = inter["intermediates"]["layer_0"]["mlp"]
+  pre = np.asarray(mlp["intermediate"]["__call__"][0], np.float64)[..., :width]
+  assert np.abs(pre).max() > 2.0
+  np.testing.assert_allclose(np.asarray(mlp["__call__"][0]), _reference_gelu(pre), atol=2e-5)

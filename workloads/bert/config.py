@@ -78,6 +78,10 @@ class BertConfig:
   optimizer: OptimizerConfig = OptimizerConfig()
   global_batch_size: int = 8192
   eval_batch_size: int = 1024
+  # The phase-1 TensorFlow checkpoint phase 2 starts from (the MLPerf
+  # model.ckpt-28252; `mlbench run bert --init-checkpoint PATH`); "" starts from
+  # random weights, which only the mini config does.
+  init_checkpoint: str = ""
 
 
 def full() -> BertConfig:

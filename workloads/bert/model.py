@@ -26,6 +26,12 @@ from workloads.bert.config import ModelConfig
 from workloads.common import transformer as blocks
 
 
+def gelu(x: jax.Array) -> jax.Array:
+  """The reference's GELU: the tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  (mlcommons/training retired_benchmarks/bert/modeling.py L263-276), not the exact erf form."""
+  return nn.gelu(x, approximate=True)
+
+
 def _init(cfg: ModelConfig) -> Any:
   return nn.initializers.truncated_normal(cfg.initializer_range)
 
@@ -46,9 +52,8 @@ class Layer(nn.Module):
                                 dtype=_dtype(c), kernel_init=_init(c), name="attention")(
                                     x_BLH, bias_B1LS=bias_B11L, deterministic=deterministic)
     x_BLH = norm(name="attention_layer_norm")(x_BLH + drop(attended))
-    out_BLH = blocks.Mlp(c.intermediate_size, activation=functools.partial(nn.gelu,
-                                                                            approximate=False),
-                         dtype=_dtype(c), kernel_init=_init(c), name="mlp")(x_BLH)
+    out_BLH = blocks.Mlp(c.intermediate_size, activation=gelu, dtype=_dtype(c),
+                         kernel_init=_init(c), name="mlp")(x_BLH)
     return norm(name="output_layer_norm")(x_BLH + drop(out_BLH))
 
 
@@ -78,8 +83,8 @@ class Bert(nn.Module):
   def _masked_lm(self, x_BLH: jax.Array, positions_BP: jax.Array, word: nn.Embed) -> jax.Array:
     c = self.cfg
     x_BPH = jnp.take_along_axis(x_BLH, positions_BP[..., None], axis=1)
-    x_BPH = nn.gelu(nn.Dense(c.hidden_size, kernel_init=_init(c), dtype=_dtype(c),
-                             name="mlm_transform")(x_BPH), approximate=False)
+    x_BPH = gelu(nn.Dense(c.hidden_size, kernel_init=_init(c), dtype=_dtype(c),
+                          name="mlm_transform")(x_BPH))
     x_BPH = nn.LayerNorm(epsilon=c.layer_norm_epsilon, name="mlm_layer_norm")(x_BPH)
     bias_V = self.param("mlm_output_bias", nn.initializers.zeros, (c.vocab_size,))
     return word.attend(x_BPH.astype(jnp.float32)) + bias_V

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from mlbench.train import optim
-from mlbench.workload import EvalPart, Schedule, StepContext
+from mlbench.workload import EvalPart, Schedule, StepContext, WithMetadata
+from workloads.bert import checkpoint
 from workloads.bert.config import BertConfig
 from workloads.bert.input_pipeline import feature_shapes
 from workloads.bert.model import Bert
@@ -30,8 +33,26 @@ def schedule(cfg: BertConfig) -> Schedule:
 
 
 def init(cfg: BertConfig, rng: jax.Array) -> tuple[Any, Any]:
+  """Random weights, or those of `cfg.init_checkpoint` (the reference's phase-1
+  checkpoint, run_pretraining.py L166-184)."""
   batch = {k: jnp.zeros((1, *shape), jnp.int32) for k, shape in feature_shapes(cfg).items()}
-  return Bert(cfg.model).init(rng, batch)["params"], {}
+  model = Bert(cfg.model)
+  if not cfg.init_checkpoint:
+    return model.init(rng, batch)["params"], {}
+  shapes = flax.traverse_util.flatten_dict(jax.eval_shape(model.init, rng, batch)["params"],
+                                           sep="/")
+  checkpoint.check(cfg.model, cfg.init_checkpoint)  # a bad file fails here, before any work
+
+  def load() -> list[np.ndarray]:
+    arrays = checkpoint.read(cfg.model, cfg.init_checkpoint,
+                             {k: v.shape for k, v in shapes.items()})
+    return [arrays[k] for k in shapes]
+
+  # A host callback, so that the harness's jit of `init` reads the file into the
+  # sharded parameters instead of baking 1.3 GB of constants into the program.
+  leaves = jax.pure_callback(load, [jax.ShapeDtypeStruct(v.shape, v.dtype)
+                                    for v in shapes.values()])
+  return flax.traverse_util.unflatten_dict(dict(zip(shapes, leaves)), sep="/"), {}
 
 
 def _masked_lm(logits_BPV: jax.Array, batch: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -102,7 +123,19 @@ def hparams(cfg: BertConfig, sched: Schedule, ctx: StepContext) -> dict[str, Any
           "opt_lamb_beta_2": o.beta_2,
           "opt_lamb_weight_decay_rate": o.weight_decay,
           "opt_lamb_learning_rate_decay_poly_power": o.poly_power,
-          "max_sequence_length": cfg.data.max_seq_length}
+          "max_sequence_length": cfg.data.max_seq_length,
+          **_weights_initialization(cfg)}
+
+
+def _weights_initialization(cfg: BertConfig) -> dict[str, Any]:
+  """Where the weights come from, as NVIDIA's BERT logs it (`weights_initialization`;
+  the rules name no key for the phase-1 checkpoint): the checkpoint and how many
+  of its variables were loaded."""
+  if not cfg.init_checkpoint:
+    return {}
+  loaded = len(checkpoint.reference_names(cfg.model))
+  return {"weights_initialization": WithMetadata(
+      cfg.init_checkpoint, {"source": "tf_checkpoint", "variables": loaded})}
 
 
 def partition_rules(cfg: BertConfig) -> list[tuple[str, Any]]:

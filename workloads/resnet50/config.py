@@ -44,7 +44,7 @@ class ModelConfig:
   stem: Stem = Stem.IMAGENET
   bn_momentum: float = 0.9
   bn_epsilon: float = 1e-5
-  zero_init_last_bn: bool = True  # last BN scale of each block starts at 0
+  zero_init_last_bn: bool = False  # True: last BN scale of a block starts at 0 (not reference)
   dtype: DType = DType.FLOAT32    # activations and convolutions; parameters stay float32
 
 

@@ -15,8 +15,19 @@ import jax.numpy as jnp
 from mlbench.train.layers import BatchNorm
 from workloads.resnet50.config import ModelConfig, Stem
 
-# He initialisation over fan-out, as torchvision and the flax ImageNet example do.
-_conv_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
+# Keras 'he_normal', the reference's kernel_initializer (mlcommons/training
+# retired_benchmarks/resnet-tf2/tensorflow2/resnet_model.py L115, L132, L147, L307):
+# a normal truncated at two standard deviations, scaled to variance 2 / fan_in.
+_conv_init = nn.initializers.variance_scaling(2.0, "fan_in", "truncated_normal")
+
+
+def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
+  """TensorFlow's padding='same' along one axis: the total pad makes
+  ceil(size / stride) outputs and the extra pixel goes after (so (0, 1) for a
+  3x3 window at stride 2 on an even size). The reference's strided 3x3
+  convolutions and its max pool use it (resnet_model.py L128-131, L213-216, L318)."""
+  total = max((-(-size // stride) - 1) * stride + kernel - size, 0)
+  return total // 2, total - total // 2
 
 
 class Bottleneck(nn.Module):
@@ -35,9 +46,12 @@ class Bottleneck(nn.Module):
                              num_groups=self.bn_groups, momentum=self.cfg.bn_momentum,
                              epsilon=self.cfg.bn_epsilon, dtype=jnp.dtype(self.cfg.dtype.value))
     y = nn.relu(norm(name="bn1")(conv(self.width, (1, 1), name="conv1")(x_BHWC)))
-    y = conv(self.width, (3, 3), strides=self.strides, padding=((1, 1), (1, 1)), name="conv2")(y)
+    pad = (same_padding(y.shape[1], 3, self.strides), same_padding(y.shape[2], 3, self.strides))
+    y = conv(self.width, (3, 3), strides=self.strides, padding=pad, name="conv2")(y)
     y = nn.relu(norm(name="bn2")(y))
     y = conv(4 * self.width, (1, 1), name="conv3")(y)
+    # The reference's last BN starts at gamma 1 (Keras' default, resnet_model.py
+    # L150-155); zero_init_last_bn is the open-division option of Goyal et al.
     last_init = nn.initializers.zeros if self.cfg.zero_init_last_bn else nn.initializers.ones
     y = norm(scale_init=last_init, name="bn3")(y)
     shortcut = x_BHWC
@@ -69,7 +83,8 @@ class ResNet(nn.Module):
                   name="stem_bn")(x)
     x = nn.relu(x)
     if cfg.stem is Stem.IMAGENET:
-      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=(same_padding(x.shape[1], 3, 2),
+                                                            same_padding(x.shape[2], 3, 2)))
     for stage, blocks in enumerate(cfg.stage_sizes):
       for block in range(blocks):
         strides = 2 if stage > 0 and block == 0 else 1

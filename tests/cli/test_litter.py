@@ -1,0 +1,123 @@
+"""No litter: logs of killed runs are never counted, and a bad results dir fails before training."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from mlbench import results
+from mlbench.cli import main
+from mlbench.errors import UserError
+
+
+def _dead_pid() -> int:
+  """The pid of a real process that has exited."""
+  proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True)
+  return int(proc.stdout)
+
+
+def _stale(folder, text="partial"):
+  p = folder / f"pending_{_dead_pid()}_{uuid.uuid4().hex[:8]}.log"
+  p.write_text(text)
+  return p
+
+
+def test_pending_logs_tell_dead_from_live(tmp_path):
+  stale = _stale(tmp_path)
+  live = tmp_path / f"pending_{os.getppid()}_{uuid.uuid4().hex[:8]}.log"
+  live.write_text("running")
+  (tmp_path / "pending_notes.log").write_text("not a pending log")
+  assert results.pending_logs(tmp_path) == ([stale], [live])
+
+
+def test_shelve_moves_a_log_into_its_run_folder_and_never_overwrites(tmp_path):
+  folder = results.benchmark_dir(tmp_path, "sys", "resnet")
+  folder.mkdir(parents=True)
+  first = _stale(folder, "one")
+  kept = results.shelve(first, tmp_path)
+  assert kept == tmp_path / "runs" / "sys" / "resnet" / results.run_id(first) / "partial.log"
+  assert kept.read_text() == "one" and not first.exists()
+  again = folder / first.name
+  again.write_text("two")
+  second = results.shelve(again, tmp_path)
+  assert second.name == "partial_1.log" and kept.read_text() == "one"
+  assert list(folder.iterdir()) == []
+
+
+def test_validate_ignores_a_killed_runs_log_with_a_note(capsys, tmp_path, write_log):
+  folder = results.benchmark_dir(tmp_path, "cpu-test", "resnet")
+  folder.mkdir(parents=True)
+  write_log(folder / "result_0.txt", [0.5, 0.76])
+  stale = _stale(folder, (folder / "result_0.txt").read_text())
+  rc = main(["validate", str(folder)])
+  err = capsys.readouterr().err
+  assert rc == 1, err  # One run of the five a package needs; the leftover is not a sixth.
+  assert "runs: 1 result_*.txt files" in err
+  assert f"note: ignoring 1 log(s) of killed runs in {folder} ({stale.name})" in err
+  assert "result_0.txt" in err and stale.name not in err.split("\n", 1)[1]
+
+
+def test_check_writable_refuses_a_missing_mount_and_a_file(tmp_path):
+  with pytest.raises(UserError, match=r"its parent .*missing does not exist \(a missing mount\?\)"):
+    results.check_writable(tmp_path / "missing" / "ckpt", "--checkpoint-dir")
+  assert not (tmp_path / "missing").exists()
+  (tmp_path / "file").write_text("")
+  with pytest.raises(UserError, match="cannot write to --results-dir"):
+    results.check_writable(tmp_path / "file" / "res", "--results-dir", parents=True)
+
+
+def test_check_writable_refuses_a_full_filesystem(tmp_path):
+  mnt = tmp_path / "mnt"
+  mnt.mkdir()
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                    capture_output=True).returncode:
+    pytest.skip("cannot mount a small tmpfs here (needs root)")
+  try:
+    with pytest.raises(UserError, match=r"has only 1\.0 MiB free"):
+      results.check_writable(mnt / "res", "--results-dir")
+  finally:
+    subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_an_unwritable_results_dir_fails_before_training(mlbench, tmp_path, data_dir):
+  (tmp_path / "file").write_text("")
+  out = mlbench("run", "resnet50", "--results-dir", str(tmp_path / "file" / "res"),
+                "--data-dir", str(data_dir), "--cpu-devices", "8", cwd=tmp_path, timeout=300)
+  assert out.returncode == 2
+  assert out.stderr.startswith("error: cannot write to --results-dir") and out.stderr.count(
+      "\n") == 1, out.stderr
+
+
+@pytest.mark.slow
+def test_after_sigkill_the_next_run_files_the_leftover_away(mlbench, tmp_path, data_dir):
+  """A real run killed outright leaves a pending log; validate ignores it, run moves it."""
+  folder = tmp_path / "results" / "results" / "cpu-test" / "resnet"
+  env = {**os.environ}
+  env.pop("XLA_FLAGS", None)
+  args = ["run", "resnet50", "--set", "train_epochs=0.2", "--system", "cpu-test",
+          "--data-dir", str(data_dir), "--cpu-devices", "8", "--seed", "3"]
+  proc = subprocess.Popen([sys.executable, "-c", "import sys; from mlbench.cli import main; "
+                           "sys.exit(main())", *args], cwd=tmp_path, env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  deadline = time.time() + 300
+  while time.time() < deadline and not (folder.is_dir() and list(folder.glob("pending_*"))):
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  [leftover] = list(folder.glob("pending_*.log"))
+  out = mlbench("validate", str(tmp_path / "results"), cwd=tmp_path, timeout=300)
+  assert out.returncode == 1 and "runs: no result_*.txt files" in out.stderr, out.stderr
+  assert "note: ignoring 1 log(s) of killed runs in" in out.stderr
+  out = mlbench(*args, cwd=tmp_path)
+  assert out.returncode == 1, out.stderr  # Too short to reach the target; filed as result_0.
+  assert f"note: {leftover.name} was left by a run that no longer runs" in out.stderr
+  assert sorted(p.name for p in folder.iterdir()) == ["result_0.txt"]
+  kept = tmp_path / "results" / "runs" / "cpu-test" / "resnet" / results.run_id(leftover)
+  assert (kept / "partial.log").is_file()

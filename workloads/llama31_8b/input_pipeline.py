@@ -1,0 +1,91 @@
+"""Llama's data: Megatron indexed datasets, read as the reference's GPTDataset reads them.
+
+The reference (mlcommons/training small_llm_pretraining/nemo) tokenises C4 with the
+Llama 3.1 tokenizer into `.bin`/`.idx` pairs (README section 3): it trains on
+`c4-train.en_6_text_document` and evaluates on the first 1,024 samples, unshuffled,
+of `c4-validation-91205-samples.en_text_document`. Point --data-dir at the folder
+holding both pairs. Training samples are shuffled with the run's seed, as the
+reference seeds its dataset with each run's seed. See `indexed.py` for the format
+and the sample construction.
+
+Every example is one int32 feature `tokens` of seq_length + 1 ids: the model reads
+ids [0, L) and predicts ids [1, L].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from mlbench.errors import UserError
+from mlbench.workload import Split
+from workloads.llama31_8b import indexed
+from workloads.llama31_8b.config import LlamaConfig, Source
+
+TOKENS = "tokens"
+PYDOC_DIR = "llama-pydoc"
+
+
+def dataset_dir(cfg: LlamaConfig, data_dir: Path) -> Path:
+  """The supplied folder, or the generated one named after what shapes its content."""
+  if cfg.data.source is not Source.PYDOC:
+    return Path(data_dir)
+  return Path(data_dir) / f"{PYDOC_DIR}-v{cfg.model.vocab_size}"
+
+
+def prefix(cfg: LlamaConfig, data_dir: Path, split: Split) -> Path:
+  name = cfg.data.train_prefix if split is Split.TRAIN else cfg.data.eval_prefix
+  return dataset_dir(cfg, data_dir) / name
+
+
+def files(cfg: LlamaConfig, data_dir: Path, split: Split) -> list[str]:
+  """The `.bin` and `.idx` files of a split's dataset."""
+  p = prefix(cfg, data_dir, split)
+  found = [str(p) + ext for ext in (".bin", ".idx")]
+  missing = [f for f in found if not Path(f).is_file()]
+  if missing:
+    hint = ("run without --data-dir to generate it" if cfg.data.source is Source.PYDOC else
+            "point --data-dir at the reference's preprocessed C4 (llama3_1_8b_preprocessed_"
+            "c4_dataset, see the mlcommons/training small_llm_pretraining README)")
+    raise UserError(f"missing Megatron dataset file {missing[0]}; {hint}")
+  return found
+
+
+@dataclasses.dataclass
+class TokenExamples:
+  """Samples as the harness's examples: {"tokens": int32[seq_length + 1]}."""
+
+  samples: indexed.GptSamples
+
+  def __len__(self) -> int:
+    return len(self.samples)
+
+  def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+    return {TOKENS: self.samples[i]}
+
+
+def examples(cfg: LlamaConfig, data_dir: Path, split: Split, seed: int) -> TokenExamples:
+  """Training samples for the whole budget, shuffled with `seed`; or the evaluation set."""
+  files(cfg, data_dir, split)
+  try:
+    dataset = indexed.IndexedDataset(prefix(cfg, data_dir, split))
+  except indexed.FormatError as e:
+    raise UserError(f"{e}; point --data-dir at Megatron .bin/.idx files") from None
+  length = cfg.data.seq_length
+  if split is Split.EVAL:
+    return TokenExamples(indexed.evaluation_samples(dataset, length, cfg.data.eval_examples))
+  budget = (cfg.train_budget_steps or cfg.optimizer.max_steps) * cfg.global_batch_size
+  return TokenExamples(indexed.training_samples(dataset, length, budget, seed))
+
+
+def synthetic_batch(cfg: LlamaConfig, split: Split, batch_size: int,
+                    rng: np.random.Generator) -> dict[str, np.ndarray]:
+  """Random samples with the pipeline's keys, shapes and dtypes, and a learnable signal:
+  each sample repeats a random 8-token pattern."""
+  del split
+  period = 8
+  pattern = rng.integers(0, cfg.model.vocab_size, (batch_size, period))
+  reps = -(-(cfg.data.seq_length + 1) // period)
+  return {TOKENS: np.tile(pattern, (1, reps))[:, :cfg.data.seq_length + 1].astype(np.int32)}

@@ -1,0 +1,167 @@
+"""Llama 3.1's pure functions for the harness: init, loss, eval, optimizer, logged keys."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from mlbench.train import optim
+from mlbench.workload import EvalPart, Schedule, StepContext
+from workloads.llama31_8b.config import DType, LlamaConfig
+from workloads.llama31_8b.input_pipeline import TOKENS
+from workloads.llama31_8b.model import Llama
+
+PRECISION = {DType.FLOAT32: "fp32", DType.BFLOAT16: "bfloat16"}
+"""DType -> the value of the 6.0.0 `lowest_numerical_precision_in_*` keys."""
+
+
+def schedule(cfg: LlamaConfig) -> Schedule:
+  """The budget is `train_budget_steps` (or the schedule's `max_steps`). The data has no
+  epochs a run could finish (the reference samples 1.2 M steps' worth), so, as the MLPerf
+  LLM benchmarks do, train_samples is logged as the budget."""
+  budget = (cfg.train_budget_steps or cfg.optimizer.max_steps) * cfg.global_batch_size
+  return Schedule(global_batch_size=cfg.global_batch_size, eval_batch_size=cfg.eval_batch_size,
+                  train_examples=budget, eval_examples=cfg.data.eval_examples,
+                  max_train_samples=budget,
+                  gradient_accumulation_steps=cfg.gradient_accumulation_steps)
+
+
+def init(cfg: LlamaConfig, rng: jax.Array) -> tuple[Any, Any]:
+  tokens = jnp.zeros((1, cfg.data.seq_length), jnp.int32)
+  return Llama(cfg.model).init(rng, tokens)["params"], {}
+
+
+def _split(batch: Any) -> tuple[jax.Array, jax.Array]:
+  """(inputs, next-token targets) of a batch of seq_length + 1 token samples."""
+  tokens = batch[TOKENS]
+  return tokens[:, :-1], tokens[:, 1:]
+
+
+def loss(cfg: LlamaConfig, ctx: StepContext, params: Any, state: Any, batch: Any,
+         rng: jax.Array) -> tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]:
+  """Mean next-token cross-entropy over every position (the reference masks nothing:
+  eod_mask_loss off)."""
+  del rng
+  inputs, targets = _split(batch)
+  logits = Llama(cfg.model, ctx.mesh).apply({"params": params}, inputs)
+  return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean(), (state, {})
+
+
+def eval_step(cfg: LlamaConfig, ctx: StepContext, params: Any, state: Any,
+              batch: Any) -> dict[str, jax.Array]:
+  """Per sequence: the summed next-token NLL and the number of predicted tokens."""
+  del state
+  inputs, targets = _split(batch)
+  logits = Llama(cfg.model, ctx.mesh).apply({"params": params}, inputs)
+  nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets).sum(-1)
+  return {"nll": nll, "tokens": jnp.full(nll.shape, targets.shape[1], jnp.float32)}
+
+
+def compute(cfg: LlamaConfig, part: EvalPart) -> dict[str, float]:
+  """Validation log perplexity: mean NLL per token in nats (the reference's val_loss,
+  logged as eval_accuracy)."""
+  del cfg
+  log_ppl = float(part.sums["nll"]) / float(part.sums["tokens"])
+  return {"log_perplexity": log_ppl, "perplexity": math.exp(min(log_ppl, 700.0))}
+
+
+def learning_rate(cfg: LlamaConfig) -> optax.Schedule:
+  """NeMo's CosineAnnealing with warmup, t the number of updates already applied:
+  base * (t + 1) / (W + 1) for t <= W, then end + (base - end) * (1 + cos(pi * (t - W) /
+  (T - W))) / 2 up to T = max_steps, then end."""
+  o = cfg.optimizer
+  w, t_max = o.warmup_steps, o.max_steps
+
+  def lr(count: jax.Array) -> jax.Array:
+    t = jnp.asarray(count, jnp.float32)
+    warm = o.base_learning_rate * (t + 1) / (w + 1)
+    progress = jnp.clip((t - w) / max(t_max - w, 1), 0.0, 1.0)
+    cosine = (o.end_learning_rate + (o.base_learning_rate - o.end_learning_rate)
+              * 0.5 * (1 + jnp.cos(jnp.pi * progress)))
+    return jnp.where(t <= w, warm, cosine)
+
+  return lr
+
+
+def optimizer(cfg: LlamaConfig, sched: Schedule) -> optax.GradientTransformation:
+  """Clip by global norm, then AdamW; weight decay on matrices only (Megatron exempts
+  norms and biases)."""
+  del sched
+  o = cfg.optimizer
+  return optax.chain(optax.clip_by_global_norm(o.clip_norm),
+                     optax.adamw(learning_rate(cfg), b1=o.beta_1, b2=o.beta_2, eps=o.epsilon,
+                                 weight_decay=o.weight_decay, mask=optim.kernel_mask))
+
+
+def _mesh_size(ctx: StepContext, axis: str) -> int:
+  return int(ctx.mesh.shape.get(axis, 1)) if ctx.mesh is not None else 1
+
+
+def hparams(cfg: LlamaConfig, sched: Schedule, ctx: StepContext) -> dict[str, Any]:
+  """The keys of closed_llama31_8b.yaml (6.0.0) and its optional precision and
+  parallelism disclosure (common.yaml). micro_batch_size is sequences per data-parallel
+  replica per accumulation step, as the reference's MBS."""
+  o, precision = cfg.optimizer, PRECISION[cfg.model.dtype]
+  replicas = _mesh_size(ctx, "data")
+  return {"max_sequence_length": cfg.data.seq_length,
+          "opt_name": "adamw",
+          "opt_base_learning_rate": o.base_learning_rate,
+          "opt_end_learning_rate": o.end_learning_rate,
+          "opt_learning_rate_warmup_steps": o.warmup_steps,
+          "opt_learning_rate_decay_steps": o.max_steps - o.warmup_steps,
+          "opt_learning_rate_decay_schedule": "cosine with linear warmup",
+          "opt_adamw_beta_1": o.beta_1,
+          "opt_adamw_beta_2": o.beta_2,
+          "opt_adamw_epsilon": o.epsilon,
+          "opt_adamw_weight_decay": o.weight_decay,
+          "opt_gradient_clip_norm": o.clip_norm,
+          "max_steps": o.max_steps,
+          "lowest_numerical_precision_in_linear": precision,
+          "lowest_numerical_precision_in_attn": precision,
+          "lowest_numerical_precision_in_comm": precision,
+          "tensor_parallelism": _mesh_size(ctx, "model"),
+          "pipeline_parallelism": 1,
+          "context_parallelism": 1,
+          "expert_parallelism": 1,
+          "micro_batch_size": max(1, sched.global_batch_size
+                                  // (replicas * sched.gradient_accumulation_steps)),
+          "config_filename": cfg.name}
+
+
+def partition_rules(cfg: LlamaConfig) -> list[tuple[str, Any]]:
+  """Megatron-style tensor parallelism (query, key/value heads and MLP units over `model`,
+  the vocabulary of both embeddings too) and FSDP: every matrix's width axis over `data`
+  (`fsdp`), so parameters and the optimizer state that mirrors them are split over all
+  devices. Norm scales are replicated."""
+  from jax.sharding import PartitionSpec as P
+
+  del cfg
+  return [(r"attention/(query|key|value)/kernel$", P("fsdp", "heads", "kv")),
+          (r"attention/output/kernel$", P("heads", "kv", "fsdp")),
+          (r"mlp/(gate|up)/kernel$", P("fsdp", "mlp")),
+          (r"mlp/down/kernel$", P("mlp", "fsdp")),
+          (r"embedding/embedding$", P("vocab", "fsdp")),
+          (r"output/kernel$", P("fsdp", "vocab"))]
+
+
+def flops_per_example(cfg: LlamaConfig) -> float:
+  """Model FLOPs of one training sequence: 3x (forward + backward) the forward matmuls
+  (projections, causal attention counted in full as MLPerf's 6 N D + attention
+  convention does, SwiGLU, output projection)."""
+  m, seq = cfg.model, cfg.data.seq_length
+  kv = m.num_kv_heads * m.head_dim
+  projections = 2 * seq * m.width * (2 * m.width + 2 * kv)
+  attention = 4 * seq * seq * m.width
+  mlp = 2 * seq * 3 * m.width * m.mlp_size
+  forward = m.num_layers * (projections + attention + mlp) + 2 * seq * m.width * m.vocab_size
+  return 3.0 * forward
+
+
+def count_parameters(cfg: LlamaConfig) -> int:
+  """Trainable parameters of a config, from shapes alone."""
+  params = jax.eval_shape(lambda k: init(cfg, k)[0], jax.random.key(0))
+  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
