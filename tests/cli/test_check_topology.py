@@ -86,17 +86,25 @@ def test_a_reduced_resnet50_compiles_for_a_v4_slice_in_bfloat16(mlbench, tmp_pat
 def test_a_reduced_bert_large_compiles_for_a_v4_slice(mlbench, tmp_path):
   from workloads.bert import WORKLOAD
 
+  # BERT-large's layers (1024 wide, 16 heads, 4096 MLP, 30,522-token vocabulary), two of
+  # them, on 128-token sequences: a two-minute compile instead of an hour's.
   report = _check(mlbench, tmp_path, "bert", "--config", "full", "--topology", "v4-8",
-                  "--set", "model.num_layers=2", "--set", "global_batch_size=16",
+                  "--set", "model.num_layers=2", "--set", "data.max_seq_length=128",
+                  "--set", "data.max_predictions_per_seq=20", "--set", "global_batch_size=16",
                   "--set", "eval_batch_size=16")
   cfg = WORKLOAD.configs["full"]()
-  cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_layers=2))
+  cfg = dataclasses.replace(
+      cfg, model=dataclasses.replace(cfg.model, num_layers=2),
+      data=dataclasses.replace(cfg.data, max_seq_length=128, max_predictions_per_seq=20))
+  analytic = 16 * WORKLOAD.flops_per_example(cfg)
   train = report["programs"][0]
-  assert train["flops"] == pytest.approx(16 * WORKLOAD.flops_per_example(cfg), rel=0.05)
+  # The TPU compiler counts 4.7 % more than the matmuls (softmax, norms, GELU, dropout).
+  assert train["flops"] == pytest.approx(analytic, rel=0.05)
   assert train["collectives"]["all-reduce"] > 0
-  assert report["prediction"]["model_flops_per_step"] == pytest.approx(
-      16 * WORKLOAD.flops_per_example(cfg))
-  assert "bf16" in train["matmul_input_dtypes"] and set(report["param_dtypes"]) == {"float32"}
+  assert report["prediction"]["model_flops_per_step"] == pytest.approx(analytic)
+  dtypes = train["matmul_input_dtypes"]
+  assert dtypes.get("bf16", 0) > 0.8 * sum(dtypes.values()), dtypes
+  assert set(report["param_dtypes"]) == {"float32"}
   _assert_memory_and_prediction(report)
 
 
