@@ -71,6 +71,7 @@ def predicted(workload: str, slice_: str, gbs: int, mesh: str | None, timeout: i
   out = subprocess.run([sys.executable, "-c", "import sys; from mlbench.cli import main; "
                         "sys.exit(main())", *args], capture_output=True, text=True,
                        timeout=timeout)
+  sys.stderr.write(out.stderr)  # mlbench check's human report, for the record.
   if out.returncode:
     return {"error": (out.stderr.strip().splitlines() or ["?"])[-1]}
   return json.loads(out.stdout)
@@ -104,22 +105,26 @@ def _fmt_ms(x: float | None) -> str:
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--results", type=Path, default=RESULTS)
-  ap.add_argument("--only", default="", help="comma-separated workloads (default: all)")
+  ap.add_argument("--only", default="",
+                  help="comma-separated workloads or workload@slice (default: all)")
   ap.add_argument("--timeout", type=int, default=3600, help="seconds per compile")
+  ap.add_argument("--no-header", dest="header", action="store_false",
+                  help="print table rows only (to append to an earlier table)")
   args = ap.parse_args()
   only = set(filter(None, args.only.split(",")))
 
-  print("| benchmark on slice | global batch | measured samples/s (step) | predicted samples/s "
-        "(step) | predicted / measured | notes |")
-  print("|---|---|---|---|---|---|")
+  if args.header:
+    print("| benchmark on slice | global batch | measured samples/s (step) | predicted samples/s "
+          "(step) | predicted / measured | notes |")
+    print("|---|---|---|---|---|---|")
   for system, bench, workload, slice_, mesh, unit in CASES:
-    if only and workload not in only:
+    if only and not {workload, f"{workload}@{slice_}"} & only:
       continue
     gbs, rate, blocks = measured(args.results / "results" / system / bench, unit)
     report = predicted(workload, slice_, gbs, mesh, args.timeout)
     print(_row(f"{workload} {slice_} ({blocks} blocks)", gbs, rate, report), flush=True)
   workload, slice_, gbs, rate = PUBLISHED
-  if not only or workload in only:
+  if not only or {workload, f"{workload}@{slice_}"} & only:
     report = predicted(workload, slice_, gbs, None, args.timeout)
     print(_row(f"{workload} {slice_} (published)", gbs, rate, report), flush=True)
 
