@@ -7,6 +7,11 @@ import json
 import pytest
 
 
+def _program(report: dict, name: str) -> dict:
+  """The compiled program called `name` ("init", "train step", "eval step")."""
+  return next(p for p in report["programs"] if p["name"] == name)
+
+
 @pytest.mark.slow
 def test_full_resnet50_on_a_data_parallel_pod_slice(mlbench, tmp_path):
   out = mlbench("check", "resnet50", "--config", "full", "--mesh", "data=8", "--cpu-devices",
@@ -14,7 +19,7 @@ def test_full_resnet50_on_a_data_parallel_pod_slice(mlbench, tmp_path):
   assert out.returncode == 0, out.stderr[-2000:]
   report = json.loads(out.stdout)
   assert report["params"] == 25_557_032 and report["mesh"] == {"data": 8}
-  train, evaluation = report["programs"]
+  train, evaluation = _program(report, "train step"), _program(report, "eval step")
   # XLA's count of one step of 4096 images, about 24 GFLOP each (forward and backward).
   assert 23e9 * 4096 < train["flops"] < 25e9 * 4096
   assert train["collectives"]["all-reduce"] > 0  # The gradient sums.
@@ -32,7 +37,7 @@ def test_weight_update_sharding_and_model_parallelism_show_in_the_report(mlbench
                           "--mesh", "data=4,model=2").stdout)
   assert plain["opt_state_bytes_per_device"] == plain["opt_state_bytes_total"]
   assert wus["opt_state_bytes_per_device"] <= plain["opt_state_bytes_per_device"] / 8 * 1.03
-  assert wus["programs"][0]["collectives"]["all-gather"] > 0  # New weights gathered.
+  assert _program(wus, "train step")["collectives"]["all-gather"] > 0  # New weights gathered.
   assert tp["param_bytes_per_device"] < 0.55 * plain["param_bytes_per_device"]
   assert tp["mesh"] == {"data": 4, "model": 2}
 
@@ -48,5 +53,6 @@ def test_transformer_model_parallelism_splits_weights_and_adds_collectives(mlben
   assert 0.5 <= ratio < 0.52
   # Megatron-style: partial sums of the split matmuls are all-reduced over `model`
   # in the forward and backward passes, on top of the gradient sums.
-  plain, split = data_only["programs"][0]["collectives"], tp["programs"][0]["collectives"]
+  plain = _program(data_only, "train step")["collectives"]
+  split = _program(tp, "train step")["collectives"]
   assert split["all-reduce"] > plain["all-reduce"]

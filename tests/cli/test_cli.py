@@ -86,10 +86,35 @@ def test_list_shows_benchmark_metric_target_and_default(capsys):
     assert text in out
 
 
+def _resnet_v15_parameters(stage_sizes, width, classes, stem_kernel):
+  """Trainable parameters of a ResNet v1.5: bottleneck blocks of 1x1, 3x3 and 1x1 x4
+  convolutions without biases, each followed by batch norm (scale and bias), a
+  projection shortcut where the shape changes, and a dense classifier."""
+  total = stem_kernel * stem_kernel * 3 * width + 2 * width
+  c_in = width
+  for stage, blocks in enumerate(stage_sizes):
+    w = width * 2 ** stage
+    for block in range(blocks):
+      total += c_in * w + 9 * w * w + w * 4 * w + 2 * (w + w + 4 * w)
+      if c_in != 4 * w or (stage > 0 and block == 0):
+        total += c_in * 4 * w + 2 * 4 * w
+      c_in = 4 * w
+  return total + c_in * classes + classes
+
+
 def test_describe_shows_sizes_hyperparameters_and_rules(capsys):
+  # The formula gives torchvision's ResNet-50 (ResNet50_Weights.IMAGENET1K_V1,
+  # "num_params": 25557032); the mini model is 4 stages of one block, width 16, a
+  # 3x3 stem and 10 classes.
+  assert _resnet_v15_parameters((3, 4, 6, 3), 64, 1000, 7) == 25_557_032
+  from workloads.resnet50 import config
+
+  mini = config.mini().model
+  assert (mini.stage_sizes, mini.width, mini.num_classes) == ((1, 1, 1, 1), 16, 10)
+  parameters = _resnet_v15_parameters(mini.stage_sizes, mini.width, mini.num_classes, 3)
   assert main(["describe", "resnet50", "--config", "mini"]) == 0
   out = capsys.readouterr().out
-  assert "parameters: 509,594" in out and "training FLOPs per example" in out
+  assert f"parameters: {parameters:,}" in out and "training FLOPs per example" in out
   assert "optimizer.base_learning_rate" in out and "lars_opt_weight_decay" in out
   assert "rules mini" in out and "evaluate every 4 epochs" in out
 

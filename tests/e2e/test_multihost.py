@@ -54,11 +54,36 @@ def _eval(data_dir, n, devices, tmp_path):
   return json.loads(done[0].stdout)
 
 
+def _eval_set_fingerprints(data_dir):
+  """The evaluation set read straight from its files, without the harness's pipeline."""
+  import numpy as np
+
+  from mlbench.train import data
+  from mlbench.workload import Split
+  from workloads.resnet50 import config, input_pipeline
+
+  sys.path.insert(0, str(HERE))
+  from eval_worker import fingerprints
+
+  cfg = config.mini()
+  t = data.tf()
+  decode = input_pipeline.decode(cfg, Split.EVAL)
+  ds = t.data.TFRecordDataset(sorted(input_pipeline.files(cfg, data_dir, Split.EVAL)))
+  images = [ex["image"] for ex in ds.map(lambda r: decode(r, t.zeros([2], t.int64)))
+            .as_numpy_iterator()]
+  return sorted(int(f) for f in fingerprints(np.stack(images)))
+
+
 def test_two_processes_evaluate_exactly_like_one_device(data_dir, tmp_path):
   single = _eval(data_dir, 1, 1, tmp_path)
   both = _eval(data_dir, 2, 4, tmp_path)
   assert (single["devices"], both["devices"], both["processes"]) == (1, 8, 2)
   assert single["count"] == both["count"] == 540
+  # Every example exactly once, on one device and over two processes (compared as
+  # multisets: the digits hold a few duplicate images).
+  expected = _eval_set_fingerprints(data_dir)
+  assert len(expected) == 540 and len(set(expected)) > 500
+  assert single["fingerprints"] == expected and both["fingerprints"] == expected
   assert both["accuracy"] == single["accuracy"]
   assert both["loss"] == pytest.approx(single["loss"], rel=1e-6)
 

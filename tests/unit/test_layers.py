@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -11,6 +13,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mlbench.train import mesh as mesh_lib
 from mlbench.train.layers import BatchNorm
+
+DEVICES = 8
 
 
 def _batch():
@@ -53,17 +57,46 @@ def test_one_group_is_flax_batch_norm():
     np.testing.assert_allclose(a, b, rtol=1e-5)  # float32 summation order
 
 
-def test_groups_reduce_within_their_devices_only():
-  """XLA reduces the statistics over groups of neighbouring devices, not all eight."""
+def _replica_groups(line: str) -> list[tuple[int, ...]]:
+  """The device groups of an HLO all-reduce, in either of XLA's notations:
+  `replica_groups={{0,1},{2,3}}`, or `replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_1'}`
+  (devices 0..7 in row-major order over the named axes, reduced over those in braces)."""
+  m = re.search(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}", line)
+  if m:
+    axes = [(a.split("=")[0].strip("'"), int(a.split("=")[1])) for a in m.group(1).split(",")]
+    reduced = {a.strip().strip("'") for a in m.group(2).split(",")}
+    kept = [i for i, (name, _) in enumerate(axes) if name not in reduced]
+    over = [i for i, (name, _) in enumerate(axes) if name in reduced]
+    ids = np.arange(DEVICES).reshape([size for _, size in axes]).transpose(kept + over)
+    groups = ids.reshape(-1, int(np.prod([axes[i][1] for i in over]))).tolist()
+  else:
+    m = re.search(r"replica_groups=\{((?:\{[\d,]+\},?)+)\}", line)
+    assert m, f"no replica groups in {line}"
+    groups = [[int(d) for d in g.split(",")] for g in re.findall(r"\{([\d,]+)\}", m.group(1))]
+  return sorted(tuple(sorted(g)) for g in groups)
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4, 8])
+def test_groups_reduce_within_their_devices_only(groups):
+  """XLA sums each group's statistics over that group's neighbouring devices only:
+  with 4 groups over 8 devices, over {0,1}, {2,3}, {4,5} and {6,7}."""
   mesh = mesh_lib.make_mesh()
-  m = BatchNorm(num_groups=4)
+  m = BatchNorm(num_groups=groups)
   x = jnp.ones((64, 4, 4, 16))
   v = m.init(jax.random.key(0), x)
   hlo = jax.jit(lambda v, x: m.apply(v, x, mutable=["batch_stats"]),
                 in_shardings=(NamedSharding(mesh, P()), NamedSharding(mesh, P("data")))
                 ).lower(v, x).compile().as_text()
-  stats = [ln for ln in hlo.splitlines() if " all-reduce(" in ln and "reduce_fusion" in ln]
-  assert stats and all("'axis_0'=4,'axis_1'=2" in ln for ln in stats), stats
+  # The group statistics: per-channel sums of one group, [1 group, 16 channels] per
+  # device. (Other all-reduces average the replicated running statistics.)
+  stats = [ln for ln in hlo.splitlines()
+           if " all-reduce(" in ln and re.search(r"= \(f32\[1,16\]", ln)]
+  per_group = DEVICES // groups
+  want = [tuple(range(g * per_group, (g + 1) * per_group)) for g in range(groups)]
+  if per_group == 1:
+    assert stats == []  # every device is its own group: nothing to reduce
+  else:
+    assert stats and all(_replica_groups(ln) == want for ln in stats), stats
 
 
 def test_a_batch_that_does_not_split_is_refused():

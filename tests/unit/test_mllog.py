@@ -59,8 +59,40 @@ def test_an_existing_file_is_never_overwritten(tmp_path):
   assert path.read_text() == "keep"
 
 
-def test_a_disabled_log_writes_nothing(tmp_path):
-  log = MLLog(None)
+def _a_whole_run(log):
+  """Every logging call a run makes, in a run's order."""
+  log.cache_clear(False)
+  log.init_start()
+  log.submission(benchmark="resnet", org="mlbench", division="closed", status="research",
+                 platform="cpu-test")
   log.seed(1)
+  log.hyperparameters({"global_batch_size": 64, "opt_name": "lars"})
+  log.event("mlbench_ruleset", "mini")
+  log.init_stop()
+  log.run_start()
+  log.block_start(1, 4, 0)
+  log.eval_start(4, 256)
+  log.eval_result("eval_accuracy", 0.5, 4, 256)
+  log.eval_stop(4, 256)
+  log.block_stop(1, 256)
+  log.run_stop(True)
   log.close()
+
+
+def test_the_whole_run_sequence_writes_a_log(tmp_path, monkeypatch):
+  # The positive control of the test below: the same calls, enabled, write lines.
+  monkeypatch.chdir(tmp_path)
+  _a_whole_run(MLLog(tmp_path / "log.txt"))
+  assert [line["key"] for line in _lines(tmp_path / "log.txt")][:3] == [
+      "cache_clear", "init_start", "submission_benchmark"]
+
+
+def test_a_disabled_log_writes_nothing(tmp_path, monkeypatch, capfd):
+  # mllog's own default logger prints to stdout, and a log file named without a
+  # folder lands in the working directory: a disabled log reaches neither, nor stderr.
+  monkeypatch.chdir(tmp_path)
+  log = MLLog(None)
+  _a_whole_run(log)
+  assert log.path is None
   assert list(tmp_path.iterdir()) == []
+  assert capfd.readouterr() == ("", "")

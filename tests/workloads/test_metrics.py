@@ -1,12 +1,14 @@
 """Every workload's quality metric, through the harness's whole eval path, against an
 independent computation from the model's outputs.
 
-Each test compiles the workload's programs as a run does (`steps.compile_programs` on
-the 8-device mesh), feeds a small evaluation set in three batches through
-`evaluate.evaluate` (the compiled eval step, the workload's host part, the merge
+Each test compiles the workload's eval step as `steps.compile_programs` does (its
+`eval_fn`, the state's partition-rule shardings, batches split over the 8-device
+mesh), feeds a small evaluation set in three batches through `evaluate.evaluate`
+(the compiled eval step, the padding mask, the workload's host part, the merge
 across batches and its final `compute`), and compares every reported metric with
-the same metric computed here, in NumPy from the model's outputs or with the
-reference library (pycocotools, sacreBLEU), to 1e-6 relative.
+the same metric computed here from the model's outputs, run unsharded on one
+device: in NumPy, or with the reference library (pycocotools, sacreBLEU), to 1e-6
+relative.
 
 The sets are built to expose the usual metric bugs: the last batch is padded
 with copies of real examples chosen so that counting them changes the answer;
@@ -37,6 +39,8 @@ REAL = 40
 
 @dataclasses.dataclass(frozen=True)
 class Compiled:
+  """A workload's mini config, its compiled eval step and an initial state on the mesh."""
+
   workload: object
   cfg: object
   eval: object
@@ -73,6 +77,19 @@ def _compile(name: str, edit=lambda cfg: cfg) -> Compiled:
                out_shardings=batch_sh).lower(state_in, spec).compile()
   state = jax.jit(init, out_shardings=state_sh)(mesh_lib.replicated_value(mesh, np.uint32(0)))
   return Compiled(w, cfg, ev, batch_sh, state)
+
+
+def _with_params(c: Compiled, params) -> Compiled:
+  """`c` with its state's parameters replaced, placed with the same shardings."""
+  placed = jax.device_put(params, jax.tree.map(lambda x: x.sharding, c.state.params))
+  return dataclasses.replace(c, state=dataclasses.replace(c.state, params=placed))
+
+
+def _add_to_fc_bias(params, delta: np.ndarray):
+  """`params` with `delta` added to the ResNet classifier's bias."""
+  fc = dict(params["fc"])
+  fc["bias"] = (np.asarray(fc["bias"]) + delta).astype(fc["bias"].dtype)
+  return {**params, "fc": fc}
 
 
 def _harness_eval(c: Compiled, real: dict[str, np.ndarray],
@@ -121,9 +138,14 @@ def test_resnet50_top1_accuracy_and_loss_are_numpys_from_the_logits():
   c = _compile("resnet50")
   rng = np.random.default_rng(0)
   batch = c.workload.synthetic_batch(c.cfg, Split.EVAL, REAL + BATCH, rng)
-  variables = {"params": c.params, **c.model_state}
-  logits = np.asarray(jax.jit(lambda x: ResNet(c.cfg.model).apply(variables, x, train=False))(
-      batch["image"]))
+  forward = jax.jit(lambda v, x: ResNet(c.cfg.model).apply(v, x, train=False))
+  logits = np.asarray(forward({"params": c.params, **c.model_state}, batch["image"]))
+  # A freshly initialised ResNet (the reference's init: fan-in he_normal, every BN
+  # gamma 1) adds the same large component to every example's logits, so all answer
+  # one class. Shift the classifier's bias by that mean: the answers then follow
+  # each example's own features, and the accuracy can tell them apart.
+  c = _with_params(c, _add_to_fc_bias(c.params, -logits.mean(0)))
+  logits = np.asarray(forward({"params": c.params, **c.model_state}, batch["image"]))
   pred = logits.argmax(-1)
   assert len(np.unique(pred)) > 1  # the model does not answer one class for everything
   labels = _hits_and_misses(pred, c.cfg.model.num_classes, rng, 0.4)
@@ -239,10 +261,23 @@ def test_transformer_bleu_is_sacrebleus_and_loss_is_per_target_token():
       words[rng.integers(len(words))] = int(rng.integers(3, c.cfg.model.vocab_size))
     targets[i, :len(words) + 1] = [*words, 1]
   batch = {**batch, "targets": targets}
+  # BLEU is scored on the translations the harness's sharded step produced (beam
+  # search on another compilation may break a near tie otherwise), each looked up
+  # by its source sentence, so padded or repeated rows still change the answer.
+  translated = {}
+  real_host = c.workload.eval.host
+
+  def host(cfg, outputs, rows):
+    translated.update({x.tobytes(): y for x, y in zip(rows["inputs"], outputs["translation"])})
+    return real_host(cfg, outputs, rows)
+
+  c = dataclasses.replace(c, workload=dataclasses.replace(
+      c.workload, eval=dataclasses.replace(c.workload.eval, host=host)))
   metrics, count = _harness_eval(c, {k: v[:REAL] for k, v in batch.items()},
                                  {k: v[REAL:] for k, v in batch.items()})
 
-  got = [_words(h) for h in hyps[:REAL]]
+  got = [_words(translated[x.tobytes()]) for x in batch["inputs"][:REAL]]
+  assert sum(g == _words(h) for g, h in zip(got, hyps)) >= REAL - 2  # the same model
   refs = [_words(t) for t in targets[:REAL]]
   bleu = sacrebleu.corpus_bleu(got, [refs], lowercase=True).score / 100
   logits = jax.jit(lambda x, y: Transformer(c.cfg.model).apply({"params": c.params}, x, y))(

@@ -11,6 +11,7 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from mlbench import compliance, rules
@@ -240,7 +241,16 @@ def test_logged_keys_disclose_the_parallelism(expert_parallel):
   logged = WORKLOAD.hparams(cfg, sched, StepContext(mesh=mesh))
   assert logged["expert_parallelism"] == 4 and logged["tensor_parallelism"] == 1
   assert logged["micro_batch_size"] == cfg.global_batch_size // 8
-  assert logged["opt_learning_rate_decay_steps"] == 1000 - 50
+  # The cosine runs from its peak (after the warmup) down to the end value: optax's
+  # decay_steps counts the warmup in, MLPerf's opt_learning_rate_decay_steps does not.
+  # Read off the schedule itself, not the config.
+  o = cfg.optimizer
+  lr = np.asarray(optax.warmup_cosine_decay_schedule(
+      0.0, o.base_learning_rate, o.warmup_steps, o.max_steps,
+      end_value=o.end_learning_rate)(np.arange(2 * o.max_steps)))
+  peak = int(np.argmax(lr))
+  decay = int(np.argmax(lr[peak:] <= o.end_learning_rate * (1 + 1e-6)))
+  assert peak == o.warmup_steps and logged["opt_learning_rate_decay_steps"] == decay == 950
   rule = rules.load("moe", "mini")
   assert rule.problems({**harness_hparams(sched), **logged}, closed=True) == []
   assert rule.problems({**harness_hparams(sched), **logged, "opt_adamw_beta_2": 0.999},

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +22,8 @@ from mlbench import rules
 from mlbench.train.plan import harness_hparams
 from mlbench.workload import EvalPart, Split, StepContext
 from workloads.ssd import WORKLOAD, boxes, coco, config, input_pipeline, nms, scenes, train
+
+DATA = Path(__file__).parents[1] / "data" / "mlperf-results"
 
 
 @pytest.fixture(scope="session")
@@ -564,6 +567,19 @@ def test_the_full_config_follows_the_0_7_0_rules_not_retinanet():
   logged = {**harness_hparams(sched),
             **WORKLOAD.hparams(cfg, sched, StepContext(mesh=None, bn_groups=4096 // 16))}
   assert rules.load("ssd", "0.7.0").problems(logged, closed=True) == []
-  assert logged["model_bn_span"] == 16 and logged["opt_learning_rate_warmup_steps"] == 744
+  # Warmup: 26 epochs (Google's v0.7 run_and_time.sh) of the reference's 117,266
+  # training images (train2017 images with a box) at batch 4096: 26 * 117,266 / 4096
+  # = 744.4 steps. Google's own v0.7 log, counting all 118,287 train2017 images,
+  # logged floor(26 * 118,287 / 4096) = 750 by the same formula.
+  google = {}
+  for line in (DATA / "v0.7/Google/results/tpu-v3-4096-JAX/ssd/result_0.txt").open():
+    if ":::MLLOG " in line:
+      record = json.loads(line.split(":::MLLOG ", 1)[1])
+      google.setdefault(record["key"], record["value"])
+  assert google["opt_learning_rate_warmup_steps"] == int(
+      26 * google["train_samples"] / google["global_batch_size"]) == 750
+  assert (cfg.optimizer.warmup_epochs, cfg.data.train_examples) == (26, 117_266)
+  assert logged["opt_learning_rate_warmup_steps"] == int(26 * 117_266 / 4096) == 744
+  assert logged["model_bn_span"] == google["model_bn_span"] == 16
   assert logged["opt_learning_rate_decay_boundary_epochs"] == [64, 80]
   assert rules.load("ssd", "mini").quality.target == 0.65
