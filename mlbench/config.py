@@ -100,6 +100,9 @@ class RunConfig:
     checkpoint_dir: where checkpoints go (None: each run's folder under
       `<results_dir>/runs/`).
     resume: the checkpoint folder of the interrupted run to continue.
+    precision: float32 or bfloat16 for the model's matmuls and activations (the
+      config's `model.dtype`); None: bfloat16 for full configs on TPUs and GPUs,
+      the config's own elsewhere.
   """
 
   workload: str
@@ -125,6 +128,10 @@ class RunConfig:
   checkpoint_every: int = 0
   checkpoint_dir: Path | None = None
   resume: Path | None = None
+  precision: str | None = None
+
+
+PRECISIONS = ("float32", "bfloat16")
 
 
 def load(workload: Workload, name_or_path: str | None) -> tuple[str, Any]:

@@ -115,6 +115,10 @@ def _print(report, console) -> None:
                   _mib(p.argument_bytes), _mib(p.output_bytes), _mib(p.temp_bytes),
                   _mib(p.peak_bytes), *(_collective(p, c) for c in COLLECTIVES))
   console.print(table)
+  train = report.programs[0]
+  console.print("train step matmul/conv inputs: " + ", ".join(
+      f"{k} {v}" for k, v in sorted(train.matmul_input_dtypes.items())) + "; parameters: " +
+      ", ".join(f"{k} {v}" for k, v in sorted(report.param_dtypes.items())), highlight=False)
   if report.hbm_bytes_per_device:
     _print_fit(report, console)
   if report.prediction is not None:

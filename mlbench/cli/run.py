@@ -135,7 +135,8 @@ def _report(plan, outcome, console) -> None:
   console.print(
       f"[{color}]run {outcome.index + 1}: {status}[/] in {r.time_to_train_s:.1f} s "
       f"(epoch {r.epoch:g}, {plan.rule.quality.key}={last:.4f}); "
-      f"{r.samples_per_s:,.0f} samples/s ({r.flops_per_s / 1e9:,.1f} GFLOP/s); "
+      f"{r.samples_per_s:,.0f} samples/s ({r.flops_per_s / 1e9:,.1f} model GFLOP/s, MFU "
+      f"{100 * r.mfu:.1f}% of {r.peak_source}); "
       f"init {r.init_s:.1f} s; input wait {wait:.1f}%; optimizer state "
       f"{r.opt_state_bytes / 2**20:,.2f} MiB per device; log {r.log}", highlight=False)
   if r.goodput is not None:
@@ -158,6 +159,8 @@ def _report(plan, outcome, console) -> None:
       "seed": r.seed, "status": status, "time_to_train_s": round(r.time_to_train_s, 3),
       "epoch": r.epoch, "samples": r.samples, plan.rule.quality.key: last,
       "samples_per_s": round(r.samples_per_s, 1), "flops_per_s": round(r.flops_per_s),
+      "mfu": round(r.mfu, 4), "peak_flops_per_s": round(r.peak_flops_per_s),
+      "peak_source": r.peak_source,
       "init_s": round(r.init_s, 3),
       "input_wait_fraction": round(wait / 100, 4), "train_metrics": r.train_metrics,
       "optimizer_state_bytes_per_device": r.opt_state_bytes,
@@ -171,13 +174,14 @@ def _summary(plan, outcomes, console) -> None:
   from rich.table import Table
 
   table = Table(title=f"{plan.workload.name}: {len(outcomes)} runs", title_justify="left")
-  for col in ("run", "seed", "status", "time to train (s)", "epoch", "samples/s", "log"):
+  for col in ("run", "seed", "status", "time to train (s)", "epoch", "samples/s",
+              "model TFLOP/s", "MFU", "log"):
     table.add_column(col, justify="right" if col not in ("status", "log") else "left")
   for o in outcomes:
     r = o.result
     table.add_row(str(o.index + 1), str(r.seed), "success" if r.success else "aborted",
                   f"{r.time_to_train_s:.1f}", f"{r.epoch:g}", f"{r.samples_per_s:,.0f}",
-                  str(r.log))
+                  f"{r.flops_per_s / 1e12:,.3g}", f"{100 * r.mfu:.1f}%", str(r.log))
   console.print(table)
   times = [o.result.time_to_train_s for o in outcomes if o.result.success]
   if times:

@@ -6,12 +6,12 @@ from typing import Any
 
 import click
 
-from mlbench.config import InputMode, parse_mesh
+from mlbench.config import PRECISIONS, InputMode, parse_mesh
 
 
 def scaling_options(fn):
-  """Adds --mesh, --weight-update-sharding, --bn-group-size, --input-mode and the
-  multi-host options to a command."""
+  """Adds --mesh, --weight-update-sharding, --bn-group-size, --input-mode, --precision
+  and the multi-host options to a command."""
   options = [
       click.option("--mesh", metavar="AXIS=N,...", envvar="MLBENCH_MESH",
                    help="Device mesh, e.g. data=4,model=2 (axes: data, model, expert). "
@@ -27,6 +27,10 @@ def scaling_options(fn):
                    default=InputMode.DETERMINISTIC.value, show_default=True,
                    envvar="MLBENCH_INPUT_MODE",
                    help="fast lets tf.data hand out elements out of order."),
+      click.option("--precision", type=click.Choice(PRECISIONS), envvar="MLBENCH_PRECISION",
+                   help="Matmul and activation precision (parameters, optimizer state, losses "
+                        "and norms stay float32). [default: bfloat16 for full configs on TPU "
+                        "and GPU, the config's own otherwise]"),
       click.option("--coordinator", metavar="HOST:PORT", envvar="MLBENCH_COORDINATOR",
                    help="jax.distributed coordinator of a multi-host run (process 0's address)."),
       click.option("--num-processes", type=click.IntRange(min=1), envvar="MLBENCH_NUM_PROCESSES",
@@ -46,4 +50,4 @@ def scaling_config(values: dict[str, Any]) -> dict[str, Any]:
           "bn_group_size": values["bn_group_size"],
           "input_mode": InputMode(values["input_mode"]),
           "coordinator": values["coordinator"], "num_processes": values["num_processes"],
-          "process_id": values["process_id"]}
+          "process_id": values["process_id"], "precision": values["precision"]}

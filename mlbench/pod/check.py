@@ -39,6 +39,7 @@ class ProgramReport:
   collective_wire_bytes: dict[str, float] = dataclasses.field(default_factory=dict)
   bytes_accessed: float | None = None  # HBM traffic per device, XLA's count
   xla_seconds: float | None = None     # the TPU compiler's own run-time estimate
+  matmul_input_dtypes: dict[str, int] = dataclasses.field(default_factory=dict)
 
   @property
   def peak_bytes(self) -> int:
@@ -63,6 +64,8 @@ class CheckReport:
   accelerator: str | None = None
   hbm_bytes_per_device: int | None = None
   prediction: predict_lib.Prediction | None = None
+  param_dtypes: dict[str, int] = dataclasses.field(default_factory=dict)
+  opt_state_dtypes: dict[str, int] = dataclasses.field(default_factory=dict)
 
   @property
   def peak_bytes(self) -> int:
@@ -102,31 +105,43 @@ def _cost(compiled: Any) -> dict[str, float]:
 def _program(name: str, compiled: Any, devices: int) -> ProgramReport:
   mem = compiled.memory_analysis()
   cost = _cost(compiled)
-  coll = hlo.collectives(compiled.as_text(), devices)
+  text = compiled.as_text()
+  coll = hlo.collectives(text, devices)
   flops = cost.get("flops")
+  # The TPU compiler's estimate comes out negative for some programs (seen: ResNet-50 on
+  # v4); that is no estimate.
+  xla_s = cost.get("optimal_seconds")
+  xla_s = xla_s if xla_s is not None and xla_s > 0 else None
   return ProgramReport(
       name=name, flops=None if flops is None else float(flops) * devices,
       argument_bytes=int(mem.argument_size_in_bytes), output_bytes=int(mem.output_size_in_bytes),
       alias_bytes=int(mem.alias_size_in_bytes), temp_bytes=int(mem.temp_size_in_bytes),
       code_bytes=int(mem.generated_code_size_in_bytes), collectives=coll.count,
       collective_bytes=coll.result_bytes, collective_wire_bytes=coll.wire_bytes,
-      bytes_accessed=cost.get("bytes accessed"), xla_seconds=cost.get("optimal_seconds"))
+      bytes_accessed=cost.get("bytes accessed"), xla_seconds=xla_s,
+      matmul_input_dtypes=hlo.matmul_input_dtypes(text))
 
 
-_OOM = re.compile(r"required for HLO temporaries \(([\d.]+\w?)\) exceeds available HBM "
-                  r"\(([\d.]+\w?)\)")
+_OOM = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM "
+                  r"\(([\d.]+)([KMGT]?)\)")
+_UNIT = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 def _does_not_fit(plan: Any, where: str, error: Exception) -> UserError:
   """The one-line error for XLA's compile-time out-of-memory, with what to try."""
+  data = int(plan.mesh.shape.get("data", 1))
   m = _OOM.search(str(error))
-  need = f": {m.group(1)}B of temporaries per device, {m.group(2)}B of HBM" if m else ""
-  data = plan.mesh.shape.get("data", 1)
+  need, smaller = "", max(data, plan.gbs // 2 // data * data)
+  if m:
+    need_b = float(m.group(1)) * _UNIT[m.group(2)]
+    have_b = float(m.group(3)) * _UNIT[m.group(4)]
+    need = f": {need_b / 2**30:,.1f} GiB of temporaries per device, {have_b / 2**30:,.1f} GiB of HBM"
+    # Temporaries grow about linearly with the per-device batch.
+    smaller = max(data, int(plan.gbs * have_b / need_b * 0.8) // data * data)
   return UserError(
       f"{plan.workload.name} --config {plan.config_name} at global batch {plan.gbs} does not "
       f"fit on {where}{need}; try --weight-update-sharding, a model axis (--mesh data=N,model=M), "
-      f"remat in the config, or a smaller per-chip batch (--set global_batch_size="
-      f"{max(data, plan.gbs // 2 // data * data)})")
+      f"remat in the config, or a smaller per-chip batch (--set global_batch_size={smaller})")
 
 
 def _compile(plan: Any, where: str) -> Any:
@@ -155,16 +170,17 @@ def dry_run(plan: Any, *, topology: str | None = None,
   programs = _compile(plan, where)
   params, _ = jax.eval_shape(lambda k: plan.workload.init(plan.cfg, k), jax.random.key(0))
   devices = int(plan.mesh.devices.size)
-  reports = (_program("init", programs.init, devices),
-             _program("train step", programs.train, devices),
-             _program("eval step", programs.eval, devices))
+  # Train first and eval second, as reports before init was added listed them.
+  reports = (_program("train step", programs.train, devices),
+             _program("eval step", programs.eval, devices),
+             _program("init", programs.init, devices))
   acc = accelerators.for_device_kind(device.device_kind)
   prediction = None
   # On GPUs XLA's cost analysis misses the cuBLAS/cuDNN custom calls (most of the FLOPs),
   # so only the TPU compiler's counts make a prediction.
   if acc is not None and acc.platform == "tpu":
     model_flops = steps.flops_per_example(plan.workload, plan.cfg, plan.ctx) * plan.gbs
-    prediction = _predict(acc, devices, plan.gbs, reports[1], model_flops, convergence)
+    prediction = _predict(acc, devices, plan.gbs, reports[0], model_flops, convergence)
   return CheckReport(
       workload=plan.workload.name, config=plan.config_name, mesh=dict(plan.mesh.shape),
       platform=device.platform,
@@ -174,7 +190,18 @@ def dry_run(plan: Any, *, topology: str | None = None,
       opt_state_bytes_total=programs.opt_state_bytes_replicated,
       programs=reports, global_batch_size=plan.gbs, device_kind=device.device_kind,
       topology=topology, accelerator=None if acc is None else acc.name,
-      hbm_bytes_per_device=None if acc is None else acc.device_hbm_bytes, prediction=prediction)
+      hbm_bytes_per_device=None if acc is None else acc.device_hbm_bytes, prediction=prediction,
+      param_dtypes=_dtypes(params), opt_state_dtypes=_dtypes(jax.eval_shape(plan.tx.init, params)))
+
+
+def _dtypes(tree: Any) -> dict[str, int]:
+  """How many arrays of each dtype a pytree holds."""
+  import jax
+
+  out: dict[str, int] = {}
+  for leaf in jax.tree.leaves(tree):
+    out[str(leaf.dtype)] = out.get(str(leaf.dtype), 0) + 1
+  return out
 
 
 def _predict(acc: accelerators.Accelerator, devices: int, gbs: int, train: ProgramReport,

@@ -97,3 +97,19 @@ def collectives(hlo_text: str, devices: int = 1) -> Collectives:
     result[op] += nbytes
     wire[op] += _wire(op, nbytes, _group_size(line, devices))
   return Collectives(count=count, result_bytes=result, wire_bytes=wire)
+
+
+_DEF = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\w+)\[", re.M)
+_MATMUL = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*\S+\s+(dot|convolution)\(([^)]*)\)", re.M)
+
+
+def matmul_input_dtypes(hlo_text: str) -> dict[str, int]:
+  """How many dots and convolutions take which input dtypes ('bf16', 'f32', 'bf16 x f32')."""
+  dtype_of = dict(_DEF.findall(hlo_text))
+  out: dict[str, int] = {}
+  for _, operands in _MATMUL.findall(hlo_text):
+    names = re.findall(r"%([\w.\-]+)", operands)[:2]
+    kinds = sorted({dtype_of.get(n, "?") for n in names})
+    key = " x ".join(kinds)
+    out[key] = out.get(key, 0) + 1
+  return out

@@ -146,7 +146,7 @@ def from_log(path: Path, rule: rules.Rule, train_examples: int) -> Convergence:
     raise UserError(f"--from-log {path}: not a successful run (no {rule.quality.key} or no "
                     "run_stop with status success); give the log of a run that converged")
   meta = evals[-1].get("metadata") or {}
-  if "samples_count" in meta:
+  if meta.get("samples_count"):
     samples = float(meta["samples_count"])
   elif rule.convergence_unit is rules.Unit.SAMPLES:
     samples = float(meta["epoch_num"])

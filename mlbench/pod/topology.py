@@ -92,9 +92,12 @@ def parse(name: str) -> Slice:
 
 # What libtpu reads at start-up instead of asking a TPU VM's metadata server: without
 # them it prints "could not determine TPU accelerator type" and an INVALID_ARGUMENT
-# line on stderr even though compiling for a described topology needs neither.
+# line on stderr even though compiling for a described topology needs neither. And
+# compiling touches no TPU, so several processes may load libtpu at once (it otherwise
+# takes /tmp/libtpu_lockfile and aborts the second).
 _QUIET_LIBTPU = {"TPU_SKIP_MDS_QUERY": "1", "TPU_ACCELERATOR_TYPE": "v4-8",
-                 "TPU_WORKER_HOSTNAMES": "localhost", "TPU_WORKER_ID": "0"}
+                 "TPU_WORKER_HOSTNAMES": "localhost", "TPU_WORKER_ID": "0",
+                 "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
 
 
 @contextlib.contextmanager

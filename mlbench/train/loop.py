@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from mlbench.train import data, evaluate, goodput, mesh as mesh_lib, runtime as runtime_lib
+from mlbench.train import data, evaluate, goodput, mesh as mesh_lib, mfu, runtime as runtime_lib
 from mlbench.train import signals, steps
 from mlbench.train.clock import Clock
 from mlbench.train.checkpoint import RunSaver
@@ -48,7 +48,9 @@ class RunResult:
   evals: list[tuple[float, float]] = dataclasses.field(default_factory=list)
   train_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
   diverged: str | None = None
-  flops_per_example: float = 0.0
+  flops_per_example: float = 0.0  # model FLOPs (see mfu), forward and backward
+  peak_flops_per_s: float = 0.0   # what the run's devices can do (see mfu.peak)
+  peak_source: str = ""
   opt_state_bytes: int = 0
   goodput: goodput.Goodput | None = None
   checkpoint_saves: list[tuple[int, float]] = dataclasses.field(default_factory=list)
@@ -60,8 +62,13 @@ class RunResult:
 
   @property
   def flops_per_s(self) -> float:
-    """Achieved training FLOP/s, as XLA counts the compiled step."""
+    """Achieved model FLOP/s while training."""
     return self.samples_per_s * self.flops_per_example
+
+  @property
+  def mfu(self) -> float:
+    """Model FLOPs utilisation against the devices' peak."""
+    return mfu.utilization(self.flops_per_s, mfu.Peak(self.peak_flops_per_s, self.peak_source))
 
 
 def run_once(plan: Plan, seed: int, log: MLLog, progress: RunProgress,
@@ -72,6 +79,7 @@ def run_once(plan: Plan, seed: int, log: MLLog, progress: RunProgress,
   checkpoints, or continues from one when `saver.resuming`.
   """
   clock, result = Clock(), RunResult(seed=seed)
+  mfu.prepare(plan, result, progress)  # Untimed: before the clock's first mark.
   if saver is not None and saver.resuming:
     saver.continue_clock(clock, result)  # The log so far is already in `log`.
     clock.mark("resume_start")
@@ -100,7 +108,7 @@ def run_once(plan: Plan, seed: int, log: MLLog, progress: RunProgress,
   result.time_to_train_s = clock.between("run_start", "run_stop")
   result.goodput = goodput.measure(clock, result)
   result.train_s, result.eval_s = clock.segments["train"], clock.segments["eval"]
-  if programs.train_flops:  # XLA's count is per device of the SPMD program.
+  if not result.flops_per_example and programs.train_flops:  # XLA's count, per device.
     result.flops_per_example = programs.train_flops * plan.mesh.devices.size / plan.gbs
   return result
 

@@ -116,6 +116,7 @@ def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | Non
   workload = registry.get(rc.workload)
   name, cfg = config_lib.load(workload, rc.config)
   cfg = config_lib.override(cfg, rc.overrides)
+  cfg = _with_precision(cfg, name, rc.precision, runtime)
   ruleset = rc.ruleset or rules.default_ruleset(workload.benchmark, name, workload.rulesets)
   rule = rules.load(workload.benchmark, ruleset)
   if ruleset not in rules.rulesets(workload.benchmark, workload.rulesets):
@@ -142,6 +143,25 @@ def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | Non
               hparams=hparams, system=system, system_desc=description, data_dir=rc.data_dir,
               points=eval_points(schedule, rule),
               pipeline=data.PipelineOptions(deterministic=rc.input_mode is InputMode.DETERMINISTIC))
+
+
+PRECISION_KEY = "model.dtype"
+
+
+def _with_precision(cfg: Any, config_name: str, precision: str | None, runtime: Runtime) -> Any:
+  """Sets the config's compute dtype (`model.dtype`) from --precision, or to bfloat16 for
+  a full config on TPUs and GPUs, as MLPerf submissions run; CPUs keep the config's own."""
+  model = getattr(cfg, "model", None)
+  has_key = model is not None and dataclasses.is_dataclass(model) and hasattr(model, "dtype")
+  if precision is None:
+    accelerated = runtime.devices[0].platform in ("tpu", "gpu", "cuda", "rocm")
+    if not (accelerated and config_name == "full" and has_key):
+      return cfg
+    precision = "bfloat16"
+  if not has_key:
+    raise UserError(f"--precision needs a config with a `{PRECISION_KEY}` field; this one has "
+                    "none (use --set on the config's own precision fields)")
+  return config_lib.override(cfg, (f"{PRECISION_KEY}={precision}",))
 
 
 def _bn_groups(group_size: int | None, mesh: Any, schedule: Schedule) -> int:

@@ -31,16 +31,28 @@ class RunProgress:
     self._rate_t, self._rate_samples, self._rate = self._t0, 0, 0.0
     self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                          TextColumn("epoch {task.fields[epoch]:.2f}"),
-                         TextColumn("{task.fields[rate]:,.0f} samples/s"),
+                         TextColumn("{task.fields[rate]:,.0f} samples/s{task.fields[mfu]}"),
                          TextColumn("eval {task.fields[last_eval]}"),
                          TimeElapsedColumn(), console=self._console, transient=True)
     self._task: Any = None
+    self._flops_per_sample, self._peak = 0.0, 0.0
+
+  def utilization(self, flops_per_sample: float, peak_flops_per_s: float) -> None:
+    """Model FLOPs of one sample and the devices' peak: the line then shows MFU."""
+    self._flops_per_sample, self._peak = flops_per_sample, peak_flops_per_s
+
+  def _mfu(self, samples_per_s: float) -> str:
+    if not self._flops_per_sample:
+      return ""
+    rate = samples_per_s * self._flops_per_sample
+    mfu = f", MFU {100 * rate / self._peak:.1f}%" if self._peak else ""
+    return f"  {rate / 1e12:,.3g} TFLOP/s{mfu}"
 
   def __enter__(self) -> RunProgress:
     if self._live:
       self._bar.start()
       self._task = self._bar.add_task(self._title, total=self._total, epoch=0.0, rate=0.0,
-                                      last_eval=self._last_eval)
+                                      last_eval=self._last_eval, mfu="")
     return self
 
   def __exit__(self, *exc: Any) -> None:
@@ -55,7 +67,7 @@ class RunProgress:
       self._rate_t, self._rate_samples = now, self._samples
     if self._live:
       self._bar.update(self._task, completed=self._samples, rate=self._rate,
-                       epoch=self._samples / self._train_examples)
+                       epoch=self._samples / self._train_examples, mfu=self._mfu(self._rate))
 
   def evaluated(self, epoch: float, name: str, value: float, seconds: float,
                 samples_per_s: float) -> None:
@@ -64,7 +76,8 @@ class RunProgress:
       self._bar.update(self._task, last_eval=self._last_eval)
     elif self._enabled:
       self._console.print(f"{self._title}: epoch {epoch:g}  {self._last_eval}  "
-                          f"{samples_per_s:,.0f} samples/s  {seconds:.1f} s", highlight=False)
+                          f"{samples_per_s:,.0f} samples/s{self._mfu(samples_per_s)}  "
+                          f"{seconds:.1f} s", highlight=False)
 
   def note(self, text: str) -> None:
     if self._enabled:

@@ -91,6 +91,31 @@ def _start_distributed(dist: Distributed) -> None:
     jax.distributed.initialize()
 
 
+def _accelerator_attached() -> bool:
+  """A TPU (/dev/accel*, /dev/vfio/N on v5e and later) or a GPU this host can see."""
+  import glob
+
+  return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")
+              or glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd"))
+
+
+def _pin_cpu_without_accelerator() -> None:
+  """With no accelerator attached, run on the CPU platform only.
+
+  libtpu (installed for `mlbench check --topology`) otherwise tries to bring up a
+  TPU at JAX's start and prints "could not determine TPU accelerator type" and an
+  INVALID_ARGUMENT line on stderr before falling back to the CPU. An explicit
+  JAX_PLATFORMS (or jax_platforms) is left alone.
+  """
+  import jax
+  from jax._src import xla_bridge
+
+  if (os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms
+      or xla_bridge.backends_are_initialized() or _accelerator_attached()):
+    return
+  jax.config.update("jax_platforms", "cpu")
+
+
 def setup(*, cpu_devices: int | None = None,
           distributed: Distributed = Distributed()) -> Runtime:
   """Configures JAX for this process and returns what it sees.
@@ -103,6 +128,7 @@ def setup(*, cpu_devices: int | None = None,
   """
   import jax
 
+  _pin_cpu_without_accelerator()
   if cpu_devices is not None:
     if cpu_devices < 1:
       raise UserError(f"--cpu-devices must be >= 1, got {cpu_devices}")

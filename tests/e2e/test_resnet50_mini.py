@@ -33,6 +33,11 @@ def test_the_default_run_reaches_the_mini_target_with_a_compliant_log(
   target = rules.load("resnet", "mini").quality.target
   assert report["status"] == "success" and report["compliant"] is True
   assert report["eval_accuracy"] >= target
+  # MFU against this host's measured matmul rate, on the progress line and in the JSON.
+  assert 0 < report["mfu"] < 2 and report["peak_source"].startswith("measured")
+  assert report["flops_per_s"] > 0 and "MFU" in out.stderr
+  # With libtpu installed (the tpu extra) a CPU run prints nothing about TPUs.
+  assert "TPU_ACCELERATOR_TYPE" not in out.stderr and "libtpu" not in out.stderr
   log = tmp_path / report["log"]
   assert log == tmp_path / "results" / "results" / report["log"].split("/")[2] / "resnet" / "result_0.txt"
 
