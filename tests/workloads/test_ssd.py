@@ -567,3 +567,34 @@ def test_the_full_config_follows_the_0_7_0_rules_not_retinanet():
   assert logged["model_bn_span"] == 16 and logged["opt_learning_rate_warmup_steps"] == 744
   assert logged["opt_learning_rate_decay_boundary_epochs"] == [64, 80]
   assert rules.load("ssd", "mini").quality.target == 0.65
+
+
+def _pil_enhance(degenerate, image, factor):
+  # PIL ImageEnhance._Enhance.enhance: Image.blend(self.degenerate, self.image, factor).
+  return np.clip(degenerate + factor * (image - degenerate), 0.0, 1.0)
+
+
+def test_color_jitter_adjustments_are_torchvisions_pil_ones():
+  # torchvision F.adjust_brightness/contrast/saturation are PIL ImageEnhance.Brightness
+  # (degenerate: black), Contrast (degenerate: the mean of convert("L"), rounded to an
+  # 8-bit level) and Color (degenerate: convert("L")); L = .299 R + .587 G + .114 B.
+  image = np.random.default_rng(0).uniform(0, 1, (6, 5, 3)).astype(np.float32)
+  luma = image @ np.array([0.299, 0.587, 0.114], np.float32)
+  mean = np.floor(luma.mean() * 255 + 0.5) / 255
+  brightness, contrast, saturation, _ = input_pipeline.jitter_ops()
+  for f in (0.6, 1.4):
+    np.testing.assert_allclose(brightness(image, f).numpy(), _pil_enhance(0 * image, image, f),
+                               atol=1e-6)
+    np.testing.assert_allclose(contrast(image, f).numpy(),
+                               _pil_enhance(np.full_like(image, mean), image, f), atol=1e-6)
+    np.testing.assert_allclose(saturation(image, f).numpy(),
+                               _pil_enhance(np.repeat(luma[..., None], 3, -1), image, f),
+                               atol=1e-6)
+
+
+def test_color_jitter_order_is_shuffled_per_image():
+  # torchvision ColorJitter.get_params shuffles the four adjustments on every call.
+  tf = data.tf()
+  orders = {tuple(input_pipeline.jitter_order(tf.constant([i, 7], tf.int64)).numpy())
+            for i in range(400)}
+  assert len(orders) == 24

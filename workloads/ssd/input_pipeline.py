@@ -179,18 +179,60 @@ def _crop(image: Any, objects: dict[str, Any], window: Any) -> tuple[Any, dict[s
   return image, {"boxes": boxes, "classes": tf.boolean_mask(objects["classes"], keep)}
 
 
-def _jitter(image: Any, seed: Any) -> Any:
-  """torchvision ColorJitter(brightness=0.125, contrast=0.5, saturation=0.5, hue=0.05) on 0..1."""
+_LUMA = (0.299, 0.587, 0.114)  # PIL's convert("L"), ITU-R 601-2
+
+
+def _blend(degenerate: Any, image: Any, factor: Any) -> Any:
+  """PIL's Image.blend(degenerate, image, factor), clipped to the 0..1 range."""
   tf = _tf()
-  s = tf.unstack(tf.random.experimental.stateless_split(seed, 4))
-  image = image * tf.random.stateless_uniform([], s[0], 0.875, 1.125)
-  image = tf.image.adjust_contrast(tf.clip_by_value(image, 0.0, 1.0),
-                                   tf.random.stateless_uniform([], s[1], 0.5, 1.5))
-  image = tf.image.adjust_saturation(tf.clip_by_value(image, 0.0, 1.0),
-                                     tf.random.stateless_uniform([], s[2], 0.5, 1.5))
-  image = tf.image.adjust_hue(tf.clip_by_value(image, 0.0, 1.0),
-                              tf.random.stateless_uniform([], s[3], -0.05, 0.05))
-  return tf.clip_by_value(image, 0.0, 1.0)
+  return tf.clip_by_value(degenerate + factor * (image - degenerate), 0.0, 1.0)
+
+
+def _luma(image: Any) -> Any:
+  tf = _tf()
+  return tf.reduce_sum(image * tf.constant(_LUMA), axis=-1, keepdims=True)
+
+
+def jitter_ops() -> list:
+  """torchvision's adjust_brightness, _contrast, _saturation and _hue on a 0..1 image
+  (each `(image, factor) -> image`), as the reference's PIL images get them:
+  ImageEnhance.Brightness blends with black, Contrast with the image's mean grey
+  level (a single value, rounded to a whole 8-bit level), Color with the image's
+  own grey version; hue shifts the HSV hue by a fraction of the circle."""
+  tf = _tf()
+
+  def contrast(image, f):
+    mean = tf.floor(tf.reduce_mean(_luma(image)) * 255.0 + 0.5) / 255.0
+    return _blend(tf.fill(tf.shape(image), mean), image, f)
+
+  return [lambda image, f: _blend(tf.zeros_like(image), image, f),
+          contrast,
+          lambda image, f: _blend(tf.broadcast_to(_luma(image), tf.shape(image)), image, f),
+          lambda image, f: tf.clip_by_value(tf.image.adjust_hue(image, f), 0.0, 1.0)]
+
+
+def jitter_order(seed: Any) -> Any:
+  """A uniformly random order of the four adjustments: torchvision's ColorJitter
+  shuffles them on every call (`random.shuffle(transforms)` in get_params)."""
+  tf = _tf()
+  return tf.argsort(tf.random.stateless_uniform([4], seed))
+
+
+def _jitter(image: Any, seed: Any) -> Any:
+  """torchvision ColorJitter(brightness=0.125, contrast=0.5, saturation=0.5, hue=0.05)
+  (retired_benchmarks/ssd-v1/ssd/utils.py L461-463) on a 0..1 image: the factors
+  drawn from [1 - x, 1 + x] (hue: [-0.05, 0.05]), applied in a random order."""
+  tf = _tf()
+  s = tf.unstack(tf.random.experimental.stateless_split(seed, 5))
+  factors = tf.stack([tf.random.stateless_uniform([], s[0], 0.875, 1.125),
+                      tf.random.stateless_uniform([], s[1], 0.5, 1.5),
+                      tf.random.stateless_uniform([], s[2], 0.5, 1.5),
+                      tf.random.stateless_uniform([], s[3], -0.05, 0.05)])
+  ops, order = jitter_ops(), jitter_order(s[4])
+  for i in range(4):
+    k = order[i]
+    image = tf.switch_case(k, [lambda op=op: op(image, factors[k]) for op in ops])
+  return image
 
 
 def decode_train(cfg: SSDConfig):
