@@ -220,12 +220,18 @@ class InputSpec:
       beside the data (the Transformer's subword vocabulary, which its eval
       host part needs to turn token ids into text); runs after `prepare`.
       None: the config needs nothing from the data folder.
+    keep: `keep(cfg, split) -> predicate`, a TensorFlow function of one
+      serialized record returning a scalar bool; records it rejects are not
+      part of the dataset (read past before shuffling and sharding, so the
+      logged `train_samples`/`eval_samples` count only kept ones). SSD: the
+      reference drops COCO images without annotations. None: keep every record.
   """
 
   files: Callable[[Config, Path, Split], Sequence[str]]
   decode: Callable[[Config, Split], DecodeFn]
   prepare: Callable[[Config, Path], None] | None = None
   bind: Callable[[Config, Path], Config] | None = None
+  keep: Callable[[Config, Split], Callable[[Any], Any]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

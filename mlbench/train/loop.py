@@ -196,7 +196,7 @@ def _train_iterator(plan: Plan, programs: steps.Programs, seed: int):
   ds = data.train_dataset(files, plan.workload.input.decode(plan.cfg, Split.TRAIN),
                           per_host_batch=plan.gbs // plan.runtime.process_count, seed=seed,
                           host=plan.runtime.process_index, hosts=plan.runtime.process_count,
-                          opts=plan.pipeline)
+                          opts=plan.pipeline, keep=_keep(plan, Split.TRAIN))
   return data.prefetch(data.numpy_batches(ds), _putter(plan, programs, Split.TRAIN))
 
 
@@ -206,4 +206,9 @@ def _eval_dataset(plan: Plan) -> Any:
                            num_examples=plan.schedule.eval_examples,
                            per_host_batch=plan.schedule.eval_batch_size // plan.runtime.process_count,
                            host=plan.runtime.process_index, hosts=plan.runtime.process_count,
-                           opts=plan.pipeline)
+                           opts=plan.pipeline, keep=_keep(plan, Split.EVAL))
+
+
+def _keep(plan: Plan, split: Split) -> Any:
+  keep = plan.workload.input.keep
+  return keep(plan.cfg, split) if keep is not None else None
