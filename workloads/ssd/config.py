@@ -140,6 +140,9 @@ class SSDConfig:
   global_batch_size: int = 4096
   eval_batch_size: int = 1024
   train_epochs: float = 120.0  # schedule length; the run aborts here without the target
+  # torchvision's ImageNet ResNet-34 as .npz (`python -m workloads.ssd.backbone`), which
+  # the reference starts from (ssd-v1 base_model.py L58-61); "": random backbone.
+  backbone_weights: str = ""
 
 
 def full() -> SSDConfig:
