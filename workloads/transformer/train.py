@@ -32,10 +32,18 @@ def init(cfg: TransformerConfig, rng: jax.Array) -> tuple[Any, Any]:
 
 def _token_nll(cfg: TransformerConfig, logits_BLV: jax.Array, targets_BL: jax.Array,
                smoothing: float) -> tuple[jax.Array, jax.Array]:
-  """Label-smoothed cross-entropy per target token, and the weights (0 on padding)."""
+  """Label-smoothed cross-entropy per target token, and the weights (0 on padding).
+
+  As the reference (training_results_v0.7 Google transformer train.py L316-327, and
+  tensor2tensor's padded_cross_entropy_loss): the target gets 1 - a, every other
+  token a / (V - 1) (optax.smooth_labels would give a / V to all), and the soft
+  targets' own entropy is subtracted, so a perfect prediction scores 0.
+  """
   v = cfg.model.vocab_size
-  soft_BLV = optax.smooth_labels(jax.nn.one_hot(targets_BL, v), smoothing)
-  nll_BL = optax.softmax_cross_entropy(logits_BLV, soft_BLV)
+  confidence, low = 1.0 - smoothing, smoothing / (v - 1)
+  entropy = -(confidence * np.log(confidence) + (v - 1) * low * np.log(low + 1e-20))
+  soft_BLV = jax.nn.one_hot(targets_BL, v) * (confidence - low) + low
+  nll_BL = optax.softmax_cross_entropy(logits_BLV, soft_BLV) - entropy
   return nll_BL, (targets_BL > 0).astype(jnp.float32)
 
 
