@@ -10,19 +10,27 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from mlbench.errors import UserError
 from mlbench.train import optim
 from mlbench.workload import Batch, EvalPart, Schedule, StepContext, WithMetadata
 from workloads.common import transformer as blocks
 from workloads.transformer import beam_search, bleu, vocab
-from workloads.transformer.config import TransformerConfig
+from workloads.transformer.config import PACKED_RECORDS, TransformerConfig
+from workloads.transformer.input_pipeline import PACKING
 from workloads.transformer.model import Transformer
 
 
 def schedule(cfg: TransformerConfig) -> Schedule:
+  """An epoch is the training set's record count: 566,340 packed records, or, for
+  unpacked data, the count you give as data.train_examples."""
   d = cfg.data
+  examples = d.train_examples or (PACKED_RECORDS if d.packed else 0)
+  if not examples:
+    raise UserError("unpacked WMT training data needs its record count (an epoch): "
+                    "--set data.train_examples=N")
   return Schedule(global_batch_size=cfg.global_batch_size, eval_batch_size=cfg.eval_batch_size,
-                  train_examples=d.train_examples, eval_examples=d.eval_examples,
-                  max_train_samples=round(cfg.train_epochs * d.train_examples))
+                  train_examples=examples, eval_examples=d.eval_examples,
+                  max_train_samples=round(cfg.train_epochs * examples))
 
 
 def init(cfg: TransformerConfig, rng: jax.Array) -> tuple[Any, Any]:
@@ -51,9 +59,10 @@ def loss(cfg: TransformerConfig, ctx: StepContext, params: Any, state: Any, batc
          rng: jax.Array) -> tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]:
   """Label-smoothed cross-entropy, averaged over the real target tokens of the batch."""
   del ctx
+  packing = {k: batch[k] for k in PACKING if k in batch}
   logits_BLV = Transformer(cfg.model).apply({"params": params}, batch["inputs"],
                                             batch["targets"], deterministic=False,
-                                            rngs={"dropout": rng})
+                                            packing=packing, rngs={"dropout": rng})
   nll_BL, w_BL = _token_nll(cfg, logits_BLV, batch["targets"], cfg.optimizer.label_smoothing)
   tokens = w_BL.sum()
   hits = ((jnp.argmax(logits_BLV, -1) == batch["targets"]) * w_BL).sum()
