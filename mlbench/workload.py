@@ -89,6 +89,9 @@ class Schedule:
       every one is evaluated exactly once per evaluation.
     max_train_samples: the training budget; a run that has not reached its
       quality target by then stops with status `aborted`.
+    eval_offset: every evaluation this much earlier than the rules' cadence puts
+      it, in the rules' evaluation unit, up to their `max_offset` (the ResNet
+      reference evaluates at epochs 2, 6, 10, ... with a cadence of 4).
   """
 
   global_batch_size: int
@@ -96,6 +99,7 @@ class Schedule:
   train_examples: int
   eval_examples: int
   max_train_samples: int
+  eval_offset: float = 0.0
 
   @property
   def steps_per_epoch(self) -> float:

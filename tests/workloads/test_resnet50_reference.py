@@ -9,7 +9,12 @@ import dataclasses
 
 import jax
 import numpy as np
+import pytest
 import tensorflow as tf
+
+from mlbench import rules
+from mlbench.errors import UserError
+from mlbench.train import plan
 
 from workloads.resnet50 import WORKLOAD, config
 from workloads.resnet50.model import ResNet
@@ -129,3 +134,19 @@ def test_the_schedule_counts_whole_steps_per_epoch():
 
 class _Ctx:
   bn_groups = 1
+
+
+def test_the_full_config_evaluates_at_the_references_epochs():
+  # resnet-tf2 README L110-112 (--epochs_between_evals=4 --eval_offset_epochs=2) and
+  # resnet_ctl_imagenet_main.py L184-188: the first evaluation after 2 epochs, then every 4;
+  # the 4.0.0 rules allow evaluations up to 3 epochs early.
+  cfg = config.full()
+  points = plan.eval_points(WORKLOAD.schedule(cfg), rules.load("resnet", "4.0.0"))
+  assert [p.epoch for p in points] == list(range(2, 43, 4))  # 2, 6, ..., 42 (the budget)
+  assert points[0].step == -(-2 * 1_281_167 // 4096)  # rounded up to a whole batch
+
+
+def test_an_offset_beyond_the_rules_is_refused():
+  cfg = dataclasses.replace(config.full(), eval_offset_epochs=3.5)
+  with pytest.raises(UserError, match="outside the 4.0.0 resnet rules"):
+    plan.eval_points(WORKLOAD.schedule(cfg), rules.load("resnet", "4.0.0"))

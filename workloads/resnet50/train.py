@@ -17,7 +17,8 @@ from workloads.resnet50.model import ResNet
 def schedule(cfg: ResNetConfig) -> Schedule:
   return Schedule(global_batch_size=cfg.global_batch_size, eval_batch_size=cfg.eval_batch_size,
                   train_examples=cfg.data.train_examples, eval_examples=cfg.data.eval_examples,
-                  max_train_samples=int(round(cfg.train_epochs * cfg.data.train_examples)))
+                  max_train_samples=int(round(cfg.train_epochs * cfg.data.train_examples)),
+                  eval_offset=cfg.eval_offset_epochs)
 
 
 def init(cfg: ResNetConfig, rng: jax.Array) -> tuple[Any, Any]:
