@@ -86,7 +86,9 @@ def _log_setup(plan: Plan, seed: int, log: MLLog) -> None:
   log.submission(benchmark=plan.workload.benchmark, org=plan.rc.submitter,
                  division=plan.rc.division.value, status=plan.log_status, platform=plan.system)
   log.seed(seed)
-  log.hyperparameters(plan.hparams)
+  converged = plan.rule.train_samples == "converged"  # logged at the end instead
+  log.hyperparameters({k: v for k, v in plan.hparams.items()
+                       if not (converged and k == "train_samples")})
   # Not an MLPerf key (the checker ignores unknown keys): tells validate and
   # compare which rules this log follows, which they otherwise infer from dates.
   log.event("mlbench_ruleset", plan.rule.ruleset)
@@ -124,6 +126,8 @@ def _train_and_evaluate(plan: Plan, programs: steps.Programs, state: Any, seed: 
     if plan.rule.quality.reached(value):
       result.success = True
       break
+  if plan.rule.train_samples == "converged":
+    log.event("train_samples", result.samples)
   log.run_stop(result.success, time_ms=clock.mark("run_stop", state))
 
 
