@@ -63,7 +63,8 @@ def run_once(plan: Plan, seed: int, log: MLLog, progress: RunProgress) -> RunRes
   """One complete time-to-quality run, logged to `log`."""
   clock, result = Clock(), RunResult(seed=seed)
   cleared = runtime_lib.clear_page_cache() if plan.rc.clear_caches else False
-  log.cache_clear(cleared, time_ms=clock.mark("cache_clear"))
+  # Each host drops its own cache; only the leader logs, so it logs whether any did.
+  log.cache_clear(runtime_lib.any_process(cleared), time_ms=clock.mark("cache_clear"))
   log.init_start(time_ms=clock.mark("init_start"))
   _log_setup(plan, seed, log)
   programs = steps.compile_programs(plan.workload, plan.cfg, plan.schedule, plan.mesh, plan.ctx,
