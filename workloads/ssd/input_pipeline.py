@@ -248,7 +248,7 @@ def _jitter(image: Any, seed: Any) -> Any:
   ops, order = jitter_ops(), jitter_order(s[4])
   for i in range(4):
     k = order[i]
-    image = tf.switch_case(k, [lambda op=op: op(image, factors[k]) for op in ops])
+    image = tf.switch_case(k, [lambda op=op, x=image, f=factors[k]: op(x, f) for op in ops])
   return image
 
 
