@@ -20,6 +20,9 @@ from workloads.resnet50 import WORKLOAD, config
 from workloads.resnet50.model import ResNet
 
 
+_init = jax.jit(WORKLOAD.init, static_argnums=0)
+
+
 def _small_imagenet() -> config.ResNetConfig:
   cfg = config.mini()
   return dataclasses.replace(cfg, model=dataclasses.replace(
@@ -30,7 +33,7 @@ def test_kernels_are_keras_he_normal_over_fan_in():
   # Keras he_normal (resnet_model.py L115): VarianceScaling(2, 'fan_in',
   # 'truncated_normal'): stddev = sqrt(2 / fan_in) / .87962566103423978, cut at 2 stddev,
   # so the samples' own standard deviation is sqrt(2 / fan_in).
-  params, _ = WORKLOAD.init(config.mini(), jax.random.key(0))
+  params, _ = _init(config.mini(), jax.random.key(0))
   kernel = np.asarray(params["stage4_block1"]["conv3"]["kernel"])  # 1x1, 128 -> 512
   fan_in = int(np.prod(kernel.shape[:-1]))
   assert kernel.shape[-1] == 4 * fan_in  # fan-out would give half this deviation
@@ -40,12 +43,12 @@ def test_kernels_are_keras_he_normal_over_fan_in():
 
 def test_the_last_batch_norm_of_a_block_starts_at_gamma_one():
   # Keras BatchNormalization's default gamma_initializer='ones' (resnet_model.py L150-155).
-  params, _ = WORKLOAD.init(config.mini(), jax.random.key(0))
+  params, _ = _init(config.mini(), jax.random.key(0))
   for stage in range(1, 5):
     np.testing.assert_array_equal(params[f"stage{stage}_block1"]["bn3"]["scale"], 1.0)
   cfg = config.mini()
   zero = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, zero_init_last_bn=True))
-  assert not np.asarray(WORKLOAD.init(zero, jax.random.key(0))[0]["stage1_block1"]["bn3"]
+  assert not np.asarray(_init(zero, jax.random.key(0))[0]["stage1_block1"]["bn3"]
                         ["scale"]).any()
 
 

@@ -63,7 +63,8 @@ def test_a_backbone_file_that_does_not_fit_names_the_variable(tmp_path):
   cfg = config.mini()
   _, path = _torch_weights(cfg, tmp_path, drop="layer1.0.bn2.running_mean")
   with pytest.raises(UserError, match="layer1.0.bn2.running_mean missing"):
-    WORKLOAD.init(dataclasses.replace(cfg, backbone_weights=path), jax.random.key(0))
+    jax.jit(WORKLOAD.init, static_argnums=0)(dataclasses.replace(cfg, backbone_weights=path),
+                                             jax.random.key(0))
 
 
 def test_the_full_backbone_is_torchvisions_resnet34_up_to_layer3():
