@@ -174,6 +174,9 @@ class Rule:
   init_limit_minutes: Mapping[str, float]
   hyperparameters: tuple[Hyperparameter, ...]
   source: Path
+  # "converged": train_samples is the samples trained to the target, logged at the
+  # end (BERT); "dataset": the training set's size, logged with the hyperparameters.
+  train_samples: str = "dataset"
 
   @property
   def official(self) -> bool:
@@ -331,4 +334,5 @@ def _build(doc: dict[str, Any], path: Path) -> Rule:
                                            h.get("metadata", {}))
                             for h in doc["hyperparameters"]),
       source=path,
+      train_samples=doc.get("train_samples", "dataset"),
   )

@@ -92,6 +92,9 @@ class Schedule:
     gradient_accumulation_steps: each training step splits its global batch into
       this many microbatches, run one after another, and applies the optimizer
       once to their mean gradient (for batches bigger than memory).
+    eval_offset: every evaluation this much earlier than the rules' cadence puts
+      it, in the rules' evaluation unit, up to their `max_offset` (the ResNet
+      reference evaluates at epochs 2, 6, 10, ... with a cadence of 4).
   """
 
   global_batch_size: int
@@ -100,6 +103,7 @@ class Schedule:
   eval_examples: int
   max_train_samples: int
   gradient_accumulation_steps: int = 1
+  eval_offset: float = 0.0
 
   @property
   def steps_per_epoch(self) -> float:
@@ -245,6 +249,11 @@ class InputSpec:
       None: the config needs nothing from the data folder.
     examples: `examples(cfg, data_dir, split, seed) -> Examples`, for other
       formats; `seed` is the run's (training order may depend on it).
+    keep: `keep(cfg, split) -> predicate`, a TensorFlow function of one
+      serialized record returning a scalar bool; records it rejects are not
+      part of the dataset (read past before shuffling and sharding, so the
+      logged `train_samples`/`eval_samples` count only kept ones). SSD: the
+      reference drops COCO images without annotations. None: keep every record.
   """
 
   files: Callable[[Config, Path, Split], Sequence[str]]
@@ -252,6 +261,7 @@ class InputSpec:
   prepare: Callable[[Config, Path], None] | None = None
   bind: Callable[[Config, Path], Config] | None = None
   examples: Callable[[Config, Path, Split, int], Examples] | None = None
+  keep: Callable[[Config, Split], Callable[[Any], Any]] | None = None
 
   def __post_init__(self) -> None:
     if (self.decode is None) == (self.examples is None):

@@ -95,7 +95,8 @@ def _records(files: Sequence[str], opts: PipelineOptions, *, parallel: bool) -> 
 
 def train_dataset(files: Sequence[str], decode: Callable[[Any, Any], dict[str, Any]], *,
                   per_host_batch: int, seed: int, host: int, hosts: int,
-                  opts: PipelineOptions = PipelineOptions(), skip_batches: int = 0) -> Any:
+                  opts: PipelineOptions = PipelineOptions(), skip_batches: int = 0,
+                  keep: Callable[[Any], Any] | None = None) -> Any:
   """An endless, shuffled, decoded, batched tf.data pipeline of this host's files.
 
   Args:
@@ -108,6 +109,7 @@ def train_dataset(files: Sequence[str], decode: Callable[[Any, Any], dict[str, A
     skip_batches: start after this many batches (a resumed run): the same
       batches follow as in a run that never stopped. Records are skipped
       before they are decoded, so skipping costs reading, not decoding.
+    keep: records it rejects are skipped (`InputSpec.keep`).
   """
   t = tf()
   mine = sorted(files)[host::hosts]
@@ -118,6 +120,8 @@ def train_dataset(files: Sequence[str], decode: Callable[[Any, Any], dict[str, A
   if not opts.cache:
     mine = list(np.random.default_rng(host_seed).permutation(mine))
   records = _records(mine, opts, parallel=True)
+  if keep is not None:
+    records = records.filter(keep)
   if opts.cache:
     records = records.cache()
   records = records.shuffle(opts.shuffle_buffer, seed=host_seed,
@@ -138,15 +142,20 @@ def eval_steps(num_examples: int, per_host_batch: int, hosts: int) -> int:
 
 def eval_dataset(files: Sequence[str], decode: Callable[[Any, Any], dict[str, Any]], *,
                  num_examples: int, per_host_batch: int, host: int, hosts: int,
-                 opts: PipelineOptions = PipelineOptions()) -> Any:
+                 opts: PipelineOptions = PipelineOptions(),
+                 keep: Callable[[Any], Any] | None = None) -> Any:
   """This host's share of the evaluation set, padded to `eval_steps` full batches.
 
   Host h takes examples h, h + hosts, h + 2*hosts, ... of the files read in
   order, so the union over hosts is the whole set exactly once. Real examples
-  get `mask` 1; padding (zeros) gets `mask` 0.
+  get `mask` 1; padding (zeros) gets `mask` 0. Records `keep` rejects are not
+  part of the set (filtered before sharding).
   """
   t = tf()
-  records = _records(sorted(files), opts, parallel=False).shard(hosts, host)
+  records = _records(sorted(files), opts, parallel=False)
+  if keep is not None:
+    records = records.filter(keep)
+  records = records.shard(hosts, host)
   if opts.cache:
     records = records.cache()
   zero_seed = t.zeros([2], t.int64)

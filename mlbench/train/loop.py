@@ -85,7 +85,8 @@ def run_once(plan: Plan, seed: int, log: MLLog, progress: RunProgress,
     clock.mark("resume_start")
   else:
     cleared = runtime_lib.clear_page_cache() if plan.rc.clear_caches else False
-    log.cache_clear(cleared, time_ms=clock.mark("cache_clear"))
+    # Each host drops its own cache; only the leader logs, so it logs whether any did.
+    log.cache_clear(runtime_lib.any_process(cleared), time_ms=clock.mark("cache_clear"))
     log.init_start(time_ms=clock.mark("init_start"))
     _log_setup(plan, seed, log)
   programs = steps.compile_programs(plan.workload, plan.cfg, plan.schedule, plan.mesh, plan.ctx,
@@ -117,7 +118,9 @@ def _log_setup(plan: Plan, seed: int, log: MLLog) -> None:
   log.submission(benchmark=plan.workload.benchmark, org=plan.rc.submitter,
                  division=plan.rc.division.value, status=plan.log_status, platform=plan.system)
   log.seed(seed)
-  log.hyperparameters(plan.hparams)
+  converged = plan.rule.train_samples == "converged"  # logged at the end instead
+  log.hyperparameters({k: v for k, v in plan.hparams.items()
+                       if not (converged and k == "train_samples")})
   # Not an MLPerf key (the checker ignores unknown keys): tells validate and
   # compare which rules this log follows, which they otherwise infer from dates.
   log.event("mlbench_ruleset", plan.rule.ruleset)
@@ -164,6 +167,8 @@ def _train_and_evaluate(plan: Plan, programs: steps.Programs, state: Any, seed: 
     if plan.rule.quality.reached(value):
       result.success = True
       break
+  if plan.rule.train_samples == "converged":
+    log.event("train_samples", result.samples)
   log.run_stop(result.success, time_ms=clock.mark("run_stop", state))
 
 
@@ -254,7 +259,7 @@ def _train_iterator(plan: Plan, programs: steps.Programs, seed: int, skip: int =
   ds = data.train_dataset(files, spec.decode(plan.cfg, Split.TRAIN),
                           per_host_batch=plan.gbs // rt.process_count, seed=seed,
                           host=rt.process_index, hosts=rt.process_count,
-                          opts=plan.pipeline, skip_batches=skip)
+                          opts=plan.pipeline, skip_batches=skip, keep=_keep(plan, Split.TRAIN))
   return data.prefetch(data.numpy_batches(ds), _putter(plan, programs, Split.TRAIN))
 
 
@@ -270,4 +275,9 @@ def _eval_dataset(plan: Plan, seed: int) -> Any:
                            num_examples=plan.schedule.eval_examples,
                            per_host_batch=plan.schedule.eval_batch_size // plan.runtime.process_count,
                            host=plan.runtime.process_index, hosts=plan.runtime.process_count,
-                           opts=plan.pipeline)
+                           opts=plan.pipeline, keep=_keep(plan, Split.EVAL))
+
+
+def _keep(plan: Plan, split: Split) -> Any:
+  keep = plan.workload.input.keep
+  return keep(plan.cfg, split) if keep is not None else None

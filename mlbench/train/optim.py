@@ -95,6 +95,21 @@ def sgd_momentum(learning_rate: optax.ScalarOrSchedule, *, momentum: float, weig
   )
 
 
+def torch_sgd(learning_rate: optax.ScalarOrSchedule, *, momentum: float, weight_decay: float,
+              mask: Mask) -> optax.GradientTransformation:
+  """torch.optim.SGD (dampening 0, no Nesterov): the learning rate multiplies the
+  momentum buffer instead of entering it, which differs from `sgd_momentum` as soon
+  as the rate changes (warmup, step decay).
+
+  b <- momentum * b + (g + wd * w)   (wd only where `mask`);   w <- w - lr * b
+  """
+  return optax.chain(
+      optax.add_decayed_weights(weight_decay, mask),
+      optax.trace(decay=momentum, nesterov=False),
+      optax.scale_by_learning_rate(learning_rate),
+  )
+
+
 def name_mask(exclude: tuple[str, ...]) -> Mask:
   """A mask that is False for parameters whose path contains any of `exclude`.
 

@@ -66,8 +66,14 @@ def eval_points(schedule: Schedule, rule: rules.Rule) -> tuple[Point, ...]:
   training budget, which always ends with one."""
   ev = rule.evaluation
   per_unit = schedule.train_examples if ev.unit is rules.Unit.EPOCHS else 1
+  offset = schedule.eval_offset
+  if not 0 <= offset <= ev.max_offset:
+    raise UserError(f"an evaluation offset of {offset:g} {ev.unit.value} is outside the "
+                    f"{rule.ruleset} {rule.benchmark} rules (0 to {ev.max_offset:g}); change it")
   points = []
-  for nominal in ev.points(schedule.global_batch_size, schedule.max_train_samples / per_unit):
+  for cadence in ev.points(schedule.global_batch_size,
+                           schedule.max_train_samples / per_unit + offset):
+    nominal = cadence - offset
     step = math.ceil(round(nominal * per_unit, 6) / schedule.global_batch_size)
     if step <= schedule.max_steps and (not points or step > points[-1].step):
       points.append(_point(schedule, rule, step, nominal=nominal))

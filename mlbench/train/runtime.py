@@ -143,6 +143,19 @@ def setup(*, cpu_devices: int | None = None,
                  devices=jax.devices(), local_devices=jax.local_devices())
 
 
+def any_process(flag: bool) -> bool:
+  """Whether `flag` is true on any process of the run (itself when alone): one
+  process's answer for facts every process observes for its own host."""
+  import jax
+  import numpy as np
+
+  if jax.process_count() == 1:
+    return bool(flag)
+  from jax.experimental import multihost_utils as mhu
+
+  return bool(np.asarray(mhu.process_allgather(np.asarray(int(flag), np.int32))).any())
+
+
 def clear_page_cache() -> bool:
   """Flushes and drops the OS page cache, as MLPerf requires before a run.
 

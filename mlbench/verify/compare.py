@@ -60,6 +60,7 @@ class Entry:
   rcp_factor: float | None
   target: float | None
   speedup: float | None = None
+  division: str | None = "closed"
 
   @property
   def dropped(self) -> int:
@@ -73,6 +74,12 @@ class Entry:
 
   @property
   def samples_to_converge(self) -> float | None:
+    """The olympic mean of epochs (samples for BERT) to converge; closed division
+    only, as result_summarizer reports it (result_summarizer.py L518-571 compute it,
+    and GBS, under `if division == 'closed'`): open submissions may train any model
+    any way, so the count compares nothing."""
+    if self.division != "closed":
+      return None
     epochs = sorted(r.epochs if r.epochs is not None else NOT_CONVERGED for r in self.runs)
     if self.dropped > MAX_DROPPED.get(self.bench.benchmark, 1) or len(epochs) < 3:
       return None
@@ -159,8 +166,8 @@ def _entry(source: Path, bench: BenchmarkDir, files: list[tuple[Path, ResultLog]
   division = desc.get("division") or next((log.division for _, log in files if log.division), None)
   rcp, factor = _rcp(bench, ruleset, division, usage, tools)
   return Entry(source, bench, ruleset, desc, _runs(files, outcomes, per_file),
-               _scaling(bench.folder), gbs, rcp, factor,
-               quality_target(bench.benchmark, ruleset))
+               _scaling(bench.folder), gbs if division == "closed" else None, rcp, factor,
+               quality_target(bench.benchmark, ruleset), division=division)
 
 
 def compare(paths: Sequence[Path], *, ruleset: str | None = None, usage: str = "training",

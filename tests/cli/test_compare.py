@@ -131,3 +131,25 @@ def test_a_single_log_is_not_a_submission(capsys):
   log = DATA / "v4.0/Dell/results/XE9680x8H100-SXM-80GB/resnet/result_0.txt"
   assert main(["compare", str(log)]) == 2
   assert "compare needs result folders" in capsys.readouterr().err
+
+
+DETAILED = SUMMARIZE.replace("summarize_results(sys.argv[1], \"training\", sys.argv[2])[0]",
+                             "summarize_results(sys.argv[1], \"training\", sys.argv[2])[2]")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("division", ["closed", "open"])
+def test_samples_to_converge_and_gbs_as_the_summarizer_reports_them(tmp_path, division):
+  # result_summarizer.py L518-571 fills <benchmark>:GBS and :samples_to_converge under
+  # `if division == 'closed'` only; an open submission shows neither.
+  root = tmp_path / "Dell"
+  shutil.copytree(DATA / "v4.0/Dell", root)
+  system = root / "systems/XE9680x8H100-SXM-80GB.json"
+  system.write_text(json.dumps({**json.loads(system.read_text()), "division": division}))
+  out = subprocess.run([sys.executable, "-c", DETAILED, str(root), "4.0.0"],
+                       capture_output=True, text=True, check=True)
+  theirs = json.loads(out.stdout)
+  [e] = [e for e in compare.compare([root]) if e.bench.benchmark == "resnet"]
+  assert e.samples_to_converge == theirs.get("resnet:samples_to_converge")
+  assert e.gbs == theirs.get("resnet:GBS")
+  assert (e.gbs is None) == (division == "open")

@@ -44,3 +44,10 @@ def test_the_bert_mini_run_reaches_its_target_with_a_compliant_log(
   every = rule.evaluation.interval(logged["global_batch_size"])
   assert [d["metadata"]["epoch_num"] for d in evals] == [every * (i + 1) for i in range(len(evals))]
   assert evals[-1]["value"] >= rule.quality.target > max(d["value"] for d in evals[:-1])
+  # train_samples: the samples trained to the target, logged once before run_stop, as the
+  # reference implementations log it (tests/data/mlperf-results/v4.0/Dell/.../bert/
+  # result_0.txt: train_samples 2548645 = the last eval_accuracy's epoch_num).
+  samples = [i for i, d in enumerate(lines) if d["key"] == "train_samples"]
+  stop = next(i for i, d in enumerate(lines) if d["key"] == "run_stop")
+  assert len(samples) == 1 and samples[0] < stop
+  assert lines[samples[0]]["value"] == evals[-1]["metadata"]["epoch_num"] == report["samples"]

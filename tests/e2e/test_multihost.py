@@ -107,3 +107,15 @@ def test_a_two_process_run_reaches_the_target_and_writes_one_log(data_dir, tmp_p
   assert '"key": "submission_platform", "value": "cpu-2proc"' in log
   description = json.loads(results.system_file(tmp_path / "results", "cpu-2proc").read_text())
   assert description["number_of_nodes"] == "2"
+
+
+def test_cache_clear_is_true_when_any_process_dropped_its_cache(tmp_path):
+  # Each host drops its own page cache; the one log must say so if any did (the
+  # rules' cache_clear stands for "flush the cache or restart the system").
+  def argv(i, coordinator):
+    return [sys.executable, str(HERE / "any_process_worker.py"), "--flag", str(int(i == 1)),
+            "--coordinator", coordinator, "--num-processes", "2", "--process-id", str(i)]
+
+  done = _launch(argv, 2, tmp_path, timeout=300)
+  assert all(p.returncode == 0 for p in done), [p.stderr[-2000:] for p in done]
+  assert [p.stdout.strip().splitlines()[-1] for p in done] == ["1", "1"]

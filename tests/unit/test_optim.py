@@ -182,3 +182,38 @@ def test_optax_lamb_adapts_layer_norm_where_the_reference_does_not():
   u1, _ = ours.update(g, ours.init(w), w)
   u2, _ = theirs.update(g, theirs.init(w), w)
   assert float(jnp.max(jnp.abs(u1["layer_norm"]["scale"] - u2["layer_norm"]["scale"]))) > 1e-3
+
+
+def _torch_sgd_reference(w, grads, lrs, momentum, wd):
+  """torch/optim/sgd.py (_single_tensor_sgd, dampening 0, no Nesterov), as the SSD
+  reference uses it (retired_benchmarks/ssd-v1/ssd/train.py L292-295):
+  d_p = g + wd * p; buf = d_p at the first step, else momentum * buf + d_p; p -= lr * buf."""
+  buf = None
+  for g, lr in zip(grads, lrs):
+    d_p = g + wd * w
+    buf = d_p.copy() if buf is None else momentum * buf + d_p
+    w = w - lr * buf
+  return w
+
+
+def test_torch_sgd_puts_the_learning_rate_outside_the_momentum_buffer():
+  rng = np.random.default_rng(0)
+  w0 = rng.standard_normal(5).astype(np.float32)
+  grads = [rng.standard_normal(5).astype(np.float32) for _ in range(6)]
+  lrs = [0.01, 0.02, 0.04, 0.08, 0.08, 0.008]  # warmup, then a step decay
+  tx = optim.torch_sgd(lambda count: jnp.asarray(lrs)[count], momentum=0.9, weight_decay=5e-4,
+                       mask=lambda p: jax.tree.map(lambda _: True, p))
+  w, state = jnp.asarray(w0), tx.init(jnp.asarray(w0))
+  for g in grads:
+    updates, state = tx.update(jnp.asarray(g), state, w)
+    w = optax.apply_updates(w, updates)
+  want = _torch_sgd_reference(w0.astype(np.float64), grads, lrs, 0.9, 5e-4)
+  np.testing.assert_allclose(np.asarray(w), want, rtol=1e-5, atol=1e-6)
+  # The Keras-style form (rate inside the buffer) is measurably different here.
+  tx = optim.sgd_momentum(lambda count: jnp.asarray(lrs)[count], momentum=0.9,
+                          weight_decay=5e-4, mask=lambda p: jax.tree.map(lambda _: True, p))
+  v, state = jnp.asarray(w0), tx.init(jnp.asarray(w0))
+  for g in grads:
+    updates, state = tx.update(jnp.asarray(g), state, v)
+    v = optax.apply_updates(v, updates)
+  assert np.abs(np.asarray(v) - want).max() > 1e-3

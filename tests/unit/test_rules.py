@@ -214,3 +214,14 @@ def test_hyperparameter_metadata_is_checked_as_the_checker_does():
   bad = rule.problems({**base, "max_sequence_length": WithMetadata(256, {"method": "pad"})},
                       closed=True)
   assert len(bad) == 1 and "metadata method" in bad[0]
+
+
+def test_bert_logs_train_samples_as_samples_to_converge():
+  # NVIDIA's reference-derived BERT logs train_samples = samples trained to the target,
+  # just before run_stop (tests/data/mlperf-results/v4.0/Dell/.../bert/result_0.txt);
+  # the RCP checker reads it so with --rcp-bert-train-samples.
+  from mlbench import rules as rules_lib
+
+  assert rules_lib.load("bert", "4.0.0").train_samples == "converged"
+  assert rules_lib.load("bert", "mini").train_samples == "converged"
+  assert rules_lib.load("resnet", "4.0.0").train_samples == "dataset"

@@ -138,7 +138,7 @@ def test_the_phase1_checkpoint_gives_the_reference_mlm_logits(tmp_path):
   params, _ = jax.jit(WORKLOAD.init, static_argnums=0)(cfg, jax.random.key(1))
   batch = WORKLOAD.synthetic_batch(cfg, Split.EVAL, 3, np.random.default_rng(2))
   batch["input_mask"][:, -5:] = 0  # padded keys are masked out as in the reference
-  mlm, nsp = Bert(cfg.model).apply({"params": params}, batch)
+  mlm, _ = Bert(cfg.model).apply({"params": params}, batch)
   want = _reference_mlm_logits(weights, batch, cfg)
   np.testing.assert_allclose(np.asarray(mlm), want, rtol=2e-4, atol=2e-4)
   assert np.abs(want).max() > 1.0  # the logits are far from a trivial all-zero output

@@ -583,3 +583,74 @@ def test_the_full_config_follows_the_0_7_0_rules_not_retinanet():
   assert logged["model_bn_span"] == google["model_bn_span"] == 16
   assert logged["opt_learning_rate_decay_boundary_epochs"] == [64, 80]
   assert rules.load("ssd", "mini").quality.target == 0.65
+
+
+def _pil_enhance(degenerate, image, factor):
+  # PIL ImageEnhance._Enhance.enhance: Image.blend(self.degenerate, self.image, factor).
+  return np.clip(degenerate + factor * (image - degenerate), 0.0, 1.0)
+
+
+def test_color_jitter_adjustments_are_torchvisions_pil_ones():
+  # torchvision F.adjust_brightness/contrast/saturation are PIL ImageEnhance.Brightness
+  # (degenerate: black), Contrast (degenerate: the mean of convert("L"), rounded to an
+  # 8-bit level) and Color (degenerate: convert("L")); L = .299 R + .587 G + .114 B.
+  image = np.random.default_rng(0).uniform(0, 1, (6, 5, 3)).astype(np.float32)
+  luma = image @ np.array([0.299, 0.587, 0.114], np.float32)
+  mean = np.floor(luma.mean() * 255 + 0.5) / 255
+  brightness, contrast, saturation, _ = input_pipeline.jitter_ops()
+  for f in (0.6, 1.4):
+    np.testing.assert_allclose(brightness(image, f).numpy(), _pil_enhance(0 * image, image, f),
+                               atol=1e-6)
+    np.testing.assert_allclose(contrast(image, f).numpy(),
+                               _pil_enhance(np.full_like(image, mean), image, f), atol=1e-6)
+    np.testing.assert_allclose(saturation(image, f).numpy(),
+                               _pil_enhance(np.repeat(luma[..., None], 3, -1), image, f),
+                               atol=1e-6)
+
+
+def test_color_jitter_order_is_shuffled_per_image():
+  # torchvision ColorJitter.get_params shuffles the four adjustments on every call.
+  tf = data.tf()
+  orders = {tuple(input_pipeline.jitter_order(tf.constant([i, 7], tf.int64)).numpy())
+            for i in range(400)}
+  assert len(orders) == 24
+
+
+def _coco_like(tmp_path):
+  """Six images in the COCO TFRecord schema: two without annotations (as 1,021 of
+  train2017's and 48 of val2017's are), one whose only box is a crowd box."""
+  tf = data.tf()
+  jpeg = tf.io.encode_jpeg(np.full((32, 32, 3), 128, np.uint8)).numpy()
+  boxes_per_image = [[0], [], [0, 0], [1], [], [0]]  # 1: a crowd box
+  examples = []
+  for i, crowd in enumerate(boxes_per_image):
+    n = len(crowd)
+    examples.append({
+        "image/height": 32, "image/width": 32, "image/source_id": str(i + 1),
+        "image/encoded": jpeg, "image/format": "jpeg",
+        **{k: np.full(n, v, np.float32) for k, v in (
+            ("image/object/bbox/xmin", 0.1), ("image/object/bbox/ymin", 0.1),
+            ("image/object/bbox/xmax", 0.6), ("image/object/bbox/ymax", 0.5))},
+        "image/object/class/label": np.full(n, 3, np.int64),
+        "image/object/is_crowd": np.asarray(crowd, np.int64),
+        "image/object/area": np.full(n, 80.0, np.float32)})
+  return data.write_tfrecords(str(tmp_path / "val-{index:05d}-of-{count:05d}"), examples, 2)
+
+
+def test_images_without_annotations_are_dropped_and_crowd_boxes_train(tmp_path):
+  # The reference's COCODetection (retired_benchmarks/ssd-v1/ssd/utils.py L545-555)
+  # keeps every annotation, crowd ones too, and drops images that have none;
+  # train.py L239-240 logs the remaining counts: 117,266 train and 4,952 eval images.
+  full = config.full()
+  assert (full.data.train_examples, full.data.eval_examples) == (117_266, 4_952)
+  cfg = config.mini()
+  files = _coco_like(tmp_path)
+  keep = WORKLOAD.input.keep(cfg, Split.EVAL)
+  ds = data.eval_dataset(files, input_pipeline.decode(cfg, Split.EVAL), num_examples=4,
+                         per_host_batch=8, host=0, hosts=1, keep=keep)
+  batch = next(data.numpy_batches(ds))
+  assert sorted(batch["image_id"][batch[data.MASK] > 0]) == [1, 3, 4, 6]
+  ds = data.train_dataset(files, input_pipeline.decode(cfg, Split.TRAIN), per_host_batch=12,
+                          seed=0, host=0, hosts=1, keep=WORKLOAD.input.keep(cfg, Split.TRAIN))
+  boxes = next(data.numpy_batches(ds))["classes"]
+  assert sorted({int((b > 0).sum()) for b in boxes}) == [1, 2]  # no image without a box

@@ -270,3 +270,24 @@ def test_bleu_of_the_references_themselves_is_100(transformer_data_dir):
   part = train.host(cfg, {"translation": batch["targets"], "nll": np.zeros(16),
                           "target_tokens": np.ones(16)}, batch)
   assert train.compute(cfg, part)["bleu"] == pytest.approx(1.0)
+
+
+def test_label_smoothing_is_the_references():
+  # training_results_v0.7 Google transformer-research-JAX train.py L316-327
+  # (compute_weighted_cross_entropy): on = 1 - a, off = a / (V - 1), minus the
+  # soft targets' entropy.
+  from workloads.transformer import train
+
+  cfg = config.mini()
+  v, a = cfg.model.vocab_size, 0.1
+  rng = np.random.default_rng(0)
+  logits = rng.standard_normal((2, 3, v)).astype(np.float32) * 3
+  targets = np.array([[5, 9, 0], [7, 1, 2]], np.int32)
+  confidence, low = 1.0 - a, a / (v - 1)
+  constant = -(confidence * np.log(confidence) + (v - 1) * low * np.log(low + 1e-20))
+  soft = np.where(np.arange(v) == targets[..., None], confidence, low)
+  log_probs = logits - np.log(np.exp(logits.astype(np.float64)).sum(-1, keepdims=True))
+  want = -(soft * log_probs).sum(-1) - constant
+  got, weights = train._token_nll(cfg, jnp.asarray(logits), jnp.asarray(targets), a)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(np.asarray(weights), targets > 0)

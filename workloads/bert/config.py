@@ -50,7 +50,7 @@ class DataConfig:
   source: Source = Source.WIKIPEDIA
   max_seq_length: int = 512
   max_predictions_per_seq: int = 76
-  train_examples: int = 0     # 0: BERT has no epochs; logged train_samples = the budget
+  train_examples: int = 0     # 0: BERT has no epochs (train_samples logs samples to converge)
   eval_examples: int = 10_000  # eval_10k, picked by the reference's pick_eval_samples.py
 
 

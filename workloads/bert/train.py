@@ -24,8 +24,9 @@ EXCLUDE = ("LayerNorm", "layer_norm", "bias")
 
 
 def schedule(cfg: BertConfig) -> Schedule:
-  """The step budget is `opt_learning_rate_training_steps`. BERT has no epochs: like
-  Google's pod submissions, the full config logs that budget as train_samples."""
+  """The step budget is `opt_learning_rate_training_steps`. BERT has no epochs; its
+  logged train_samples is the samples trained to the target (the rules'
+  `train_samples: converged`), so `train_examples` only sizes the schedule."""
   budget = cfg.optimizer.train_steps * cfg.global_batch_size
   return Schedule(global_batch_size=cfg.global_batch_size, eval_batch_size=cfg.eval_batch_size,
                   train_examples=cfg.data.train_examples or budget,

@@ -17,7 +17,8 @@ from workloads.resnet50.model import ResNet
 def schedule(cfg: ResNetConfig) -> Schedule:
   return Schedule(global_batch_size=cfg.global_batch_size, eval_batch_size=cfg.eval_batch_size,
                   train_examples=cfg.data.train_examples, eval_examples=cfg.data.eval_examples,
-                  max_train_samples=int(round(cfg.train_epochs * cfg.data.train_examples)))
+                  max_train_samples=int(round(cfg.train_epochs * cfg.data.train_examples)),
+                  eval_offset=cfg.eval_offset_epochs)
 
 
 def init(cfg: ResNetConfig, rng: jax.Array) -> tuple[Any, Any]:
@@ -55,8 +56,18 @@ def compute(cfg: ResNetConfig, part: EvalPart) -> dict[str, float]:
 
 
 def _steps(cfg: ResNetConfig, sched: Schedule) -> tuple[float, int]:
-  """(warmup steps, train steps) of the learning-rate schedule."""
-  return cfg.optimizer.warmup_epochs * sched.steps_per_epoch, sched.max_steps
+  """(warmup steps, train steps) of the learning-rate schedule, from a whole number
+  of steps per epoch as the reference counts them (the remainder batch dropped:
+  1,281,167 // 4,096 = 312; resnet-tf2 common.py L637-639, lars_util.py L112-114,
+  resnet_runnable.py L114)."""
+  per_epoch = sched.train_examples // sched.global_batch_size
+  return cfg.optimizer.warmup_epochs * per_epoch, int(round(per_epoch * cfg.train_epochs))
+
+
+# The reference LARSOptimizer replaces an epsilon of 0 (the logged value)
+# by Keras' backend epsilon, 1e-7 (lars_optimizer.py L109: `epsilon or
+# backend_config.epsilon()`).
+LARS_EPSILON_FLOOR = 1e-7
 
 
 def optimizer(cfg: ResNetConfig, sched: Schedule) -> optax.GradientTransformation:
@@ -67,9 +78,13 @@ def optimizer(cfg: ResNetConfig, sched: Schedule) -> optax.GradientTransformatio
                                   power=o.poly_power)
   if o.name is Optimizer.LARS:
     return optim.mlperf_lars(lr, momentum=o.momentum, weight_decay=o.weight_decay,
-                             mask=optim.kernel_mask, eta=o.lars_eta, eps=o.lars_epsilon)
-  return optim.sgd_momentum(lr, momentum=o.momentum, weight_decay=o.weight_decay,
-                            mask=optim.kernel_mask)
+                             mask=optim.kernel_mask, eta=o.lars_eta,
+                             eps=o.lars_epsilon or LARS_EPSILON_FLOOR)
+  # SGD: the reference adds weight_decay * 2 * sum(l2_loss(v)) = wd * sum(v^2) to the
+  # loss for every variable whose name lacks 'bn' (the fc bias included), so the
+  # gradient gains 2 * wd * w (resnet-tf2 resnet_runnable.py L287-294).
+  return optim.sgd_momentum(lr, momentum=o.momentum, weight_decay=2 * o.weight_decay,
+                            mask=optim.name_mask(("bn",)))
 
 
 def hparams(cfg: ResNetConfig, sched: Schedule, ctx: StepContext) -> dict[str, Any]:

@@ -24,7 +24,7 @@ WORKLOAD = Workload(
     loss=lazy(f"{_TRAIN}:loss"),
     optimizer=lazy(f"{_TRAIN}:optimizer"),
     input=InputSpec(files=lazy(f"{_INPUT}:files"), decode=lazy(f"{_INPUT}:decode"),
-                    prepare=lazy("workloads.ssd.scenes:prepare")),
+                    prepare=lazy("workloads.ssd.scenes:prepare"), keep=lazy(f"{_INPUT}:keep")),
     eval=EvalSpec(step=lazy(f"{_TRAIN}:eval_step"), compute=lazy(f"{_COCO}:compute"),
                   host=lazy(f"{_COCO}:host")),
     synthetic_batch=lazy(f"{_INPUT}:synthetic_batch"),

@@ -95,8 +95,8 @@ class DataConfig:
 
   source: Source = Source.COCO
   image_size: int = 300
-  train_examples: int = 117_266  # train2017 images with at least one box (the reference's)
-  eval_examples: int = 5_000     # val2017
+  train_examples: int = 117_266  # train2017 images with at least one annotation (reference)
+  eval_examples: int = 4_952     # val2017 images with at least one annotation (reference)
   max_boxes: int = 100           # ground-truth boxes per image, padded (more is an error in eval)
   category_ids: tuple[int, ...] = COCO_CATEGORY_IDS  # `image/object/class/label` -> 1..K-1
   crop: bool = True              # the reference's SSD random crop
@@ -140,6 +140,9 @@ class SSDConfig:
   global_batch_size: int = 4096
   eval_batch_size: int = 1024
   train_epochs: float = 120.0  # schedule length; the run aborts here without the target
+  # torchvision's ImageNet ResNet-34 as .npz (`python -m workloads.ssd.backbone`), which
+  # the reference starts from (ssd-v1 base_model.py L58-61); "": random backbone.
+  backbone_weights: str = ""
 
 
 def full() -> SSDConfig:

@@ -8,7 +8,8 @@ COCO image id, as text), `image/object/bbox/{xmin,ymin,xmax,ymax}` (normalised),
 `coco_val.record-*` / `val-*`. The mini config's digit scenes use this schema
 and this code.
 
-Training (the reference's `SSDTransformer`): crowd boxes dropped; the SSD
+Images without annotations are not part of either set (`keep`), as in the
+reference. Training (the reference's `SSDTransformer`): crowd boxes kept; the SSD
 random crop; random horizontal flip; resize to the input size; colour jitter;
 ImageNet mean and stddev. Evaluation: resize only, and every ground-truth box
 (crowd ones too) with its area, the image id and the original size, so that
@@ -68,6 +69,22 @@ def _parse(record: Any) -> dict[str, Any]:
   spec.update({k: tf.io.VarLenFeature(tf.float32) for k in _BOX_KEYS})
   f = tf.io.parse_single_example(record, spec)
   return {k: v.values if isinstance(v, tf.sparse.SparseTensor) else v for k, v in f.items()}
+
+
+def keep(cfg: SSDConfig, split: Split):
+  """Images with at least one annotation, crowd ones included: the reference's
+  COCODetection drops the others from both sets (retired_benchmarks/ssd-v1/ssd/
+  utils.py L545-555), leaving 117,266 of train2017's 118,287 images and 4,952 of
+  val2017's 5,000, the sizes it logs (train.py L239-240)."""
+  del cfg, split
+  tf = _tf()
+
+  def has_boxes(record: Any) -> Any:
+    labels = tf.io.parse_single_example(
+        record, {"image/object/class/label": tf.io.VarLenFeature(tf.int64)})
+    return tf.size(labels["image/object/class/label"].values) > 0
+
+  return has_boxes
 
 
 def _objects(cfg: SSDConfig, f: dict[str, Any], hw: Any) -> dict[str, Any]:
@@ -179,18 +196,60 @@ def _crop(image: Any, objects: dict[str, Any], window: Any) -> tuple[Any, dict[s
   return image, {"boxes": boxes, "classes": tf.boolean_mask(objects["classes"], keep)}
 
 
-def _jitter(image: Any, seed: Any) -> Any:
-  """torchvision ColorJitter(brightness=0.125, contrast=0.5, saturation=0.5, hue=0.05) on 0..1."""
+_LUMA = (0.299, 0.587, 0.114)  # PIL's convert("L"), ITU-R 601-2
+
+
+def _blend(degenerate: Any, image: Any, factor: Any) -> Any:
+  """PIL's Image.blend(degenerate, image, factor), clipped to the 0..1 range."""
   tf = _tf()
-  s = tf.unstack(tf.random.experimental.stateless_split(seed, 4))
-  image = image * tf.random.stateless_uniform([], s[0], 0.875, 1.125)
-  image = tf.image.adjust_contrast(tf.clip_by_value(image, 0.0, 1.0),
-                                   tf.random.stateless_uniform([], s[1], 0.5, 1.5))
-  image = tf.image.adjust_saturation(tf.clip_by_value(image, 0.0, 1.0),
-                                     tf.random.stateless_uniform([], s[2], 0.5, 1.5))
-  image = tf.image.adjust_hue(tf.clip_by_value(image, 0.0, 1.0),
-                              tf.random.stateless_uniform([], s[3], -0.05, 0.05))
-  return tf.clip_by_value(image, 0.0, 1.0)
+  return tf.clip_by_value(degenerate + factor * (image - degenerate), 0.0, 1.0)
+
+
+def _luma(image: Any) -> Any:
+  tf = _tf()
+  return tf.reduce_sum(image * tf.constant(_LUMA), axis=-1, keepdims=True)
+
+
+def jitter_ops() -> list:
+  """torchvision's adjust_brightness, _contrast, _saturation and _hue on a 0..1 image
+  (each `(image, factor) -> image`), as the reference's PIL images get them:
+  ImageEnhance.Brightness blends with black, Contrast with the image's mean grey
+  level (a single value, rounded to a whole 8-bit level), Color with the image's
+  own grey version; hue shifts the HSV hue by a fraction of the circle."""
+  tf = _tf()
+
+  def contrast(image, f):
+    mean = tf.floor(tf.reduce_mean(_luma(image)) * 255.0 + 0.5) / 255.0
+    return _blend(tf.fill(tf.shape(image), mean), image, f)
+
+  return [lambda image, f: _blend(tf.zeros_like(image), image, f),
+          contrast,
+          lambda image, f: _blend(tf.broadcast_to(_luma(image), tf.shape(image)), image, f),
+          lambda image, f: tf.clip_by_value(tf.image.adjust_hue(image, f), 0.0, 1.0)]
+
+
+def jitter_order(seed: Any) -> Any:
+  """A uniformly random order of the four adjustments: torchvision's ColorJitter
+  shuffles them on every call (`random.shuffle(transforms)` in get_params)."""
+  tf = _tf()
+  return tf.argsort(tf.random.stateless_uniform([4], seed))
+
+
+def _jitter(image: Any, seed: Any) -> Any:
+  """torchvision ColorJitter(brightness=0.125, contrast=0.5, saturation=0.5, hue=0.05)
+  (retired_benchmarks/ssd-v1/ssd/utils.py L461-463) on a 0..1 image: the factors
+  drawn from [1 - x, 1 + x] (hue: [-0.05, 0.05]), applied in a random order."""
+  tf = _tf()
+  s = tf.unstack(tf.random.experimental.stateless_split(seed, 5))
+  factors = tf.stack([tf.random.stateless_uniform([], s[0], 0.875, 1.125),
+                      tf.random.stateless_uniform([], s[1], 0.5, 1.5),
+                      tf.random.stateless_uniform([], s[2], 0.5, 1.5),
+                      tf.random.stateless_uniform([], s[3], -0.05, 0.05)])
+  ops, order = jitter_ops(), jitter_order(s[4])
+  for i in range(4):
+    k = order[i]
+    image = tf.switch_case(k, [lambda op=op, x=image, f=factors[k]: op(x, f) for op in ops])
+  return image
 
 
 def decode_train(cfg: SSDConfig):
@@ -201,9 +260,11 @@ def decode_train(cfg: SSDConfig):
     f = _parse(record)
     image = tf.io.decode_jpeg(f["image/encoded"], channels=3)
     objects = _objects(cfg, f, tf.shape(image)[:2])
-    keep = (objects["classes"] > 0) & tf.equal(objects["crowd"], 0)
-    objects = {"boxes": tf.boolean_mask(objects["boxes"], keep),
-               "classes": tf.boolean_mask(objects["classes"], keep)}
+    # Crowd boxes train like any other: the reference's COCODetection reads every
+    # annotation without looking at iscrowd (utils.py L547-551).
+    known = objects["classes"] > 0
+    objects = {"boxes": tf.boolean_mask(objects["boxes"], known),
+               "classes": tf.boolean_mask(objects["classes"], known)}
     crop_seed, flip_seed, jitter_seed = tf.unstack(
         tf.random.experimental.stateless_split(seed, 3))
     if d.crop:

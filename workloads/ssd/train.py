@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +16,7 @@ import optax
 
 from mlbench.train import optim
 from mlbench.workload import Schedule, StepContext
-from workloads.ssd import boxes, nms
+from workloads.ssd import backbone, boxes, nms
 from workloads.ssd.config import AnchorConfig, SSDConfig
 from workloads.ssd.model import SSD
 
@@ -39,9 +40,30 @@ def _model(cfg: SSDConfig, bn_groups: int = 1) -> SSD:
 
 
 def init(cfg: SSDConfig, rng: jax.Array) -> tuple[Any, Any]:
+  """Random weights; the backbone's from `cfg.backbone_weights` where given."""
   size = cfg.data.image_size
   variables = _model(cfg).init(rng, jnp.zeros((1, size, size, 3), jnp.float32), train=False)
+  if cfg.backbone_weights:
+    variables = _with_backbone(cfg, dict(variables))
   return variables["params"], {"batch_stats": variables["batch_stats"]}
+
+
+def _with_backbone(cfg: SSDConfig, variables: dict[str, Any]) -> dict[str, Any]:
+  """Replaces the backbone's parameters and batch-norm statistics by the file's,
+  read on the host (a callback, so the harness's jitted init fills sharded arrays)."""
+  flat = flax.traverse_util.flatten_dict(variables, sep="/")
+  paths = list(backbone.torchvision_names(cfg.model))
+  shapes = {p: tuple(flat[p].shape) for p in paths}
+  backbone.read(cfg.model, cfg.backbone_weights, shapes)  # a bad file fails here, at trace
+
+  def load() -> list[np.ndarray]:
+    arrays = backbone.read(cfg.model, cfg.backbone_weights, shapes)
+    return [arrays[p] for p in paths]
+
+  loaded = jax.pure_callback(load, [jax.ShapeDtypeStruct(shapes[p], jnp.float32)
+                                    for p in paths])
+  flat.update(zip(paths, loaded))
+  return flax.traverse_util.unflatten_dict(flat, sep="/")
 
 
 def multibox_loss(loc_BA4: jax.Array, logits_BAK: jax.Array, targets_BA4: jax.Array,
@@ -119,11 +141,13 @@ def learning_rate(cfg: SSDConfig, sched: Schedule) -> optax.Schedule:
 
 
 def optimizer(cfg: SSDConfig, sched: Schedule) -> optax.GradientTransformation:
-  """SGD with momentum; weight decay on every parameter, as torch.optim.SGD in the reference."""
+  """torch.optim.SGD with momentum and weight decay on every parameter, as the
+  reference (retired_benchmarks/ssd-v1/ssd/train.py L292-295), whose warmup sets the
+  rate outside the momentum buffer (L176-183)."""
   o = cfg.optimizer
-  return optim.sgd_momentum(learning_rate(cfg, sched), momentum=o.momentum,
-                            weight_decay=o.weight_decay,
-                            mask=lambda params: jax.tree.map(lambda _: True, params))
+  return optim.torch_sgd(learning_rate(cfg, sched), momentum=o.momentum,
+                         weight_decay=o.weight_decay,
+                         mask=lambda params: jax.tree.map(lambda _: True, params))
 
 
 def hparams(cfg: SSDConfig, sched: Schedule, ctx: StepContext) -> dict[str, Any]:

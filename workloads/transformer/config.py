@@ -42,13 +42,29 @@ class ModelConfig:
   dtype: DType = DType.FLOAT32    # activations and matmuls; parameters stay float32
 
 
+PACKED_RECORDS = 566_340
+"""Records of Google's packed WMT training set (mlperf_input_pipeline.py L23; its v0.7
+JAX submission logs this as train_samples)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-  """The MLPerf WMT TFRecord schema (`inputs`, `targets`: token ids ending in EOS)."""
+  """The MLPerf WMT TFRecord schema (`inputs`, `targets`: token ids ending in EOS).
+
+  Packed training records (Google's translate_ende_wmt32k_packed, 566,340 records of
+  256 tokens: training_results_v0.7 Google transformer mlperf_input_pipeline.py
+  L22-25) also carry `{inputs,targets}_segmentation` and `_position`: several
+  sentence pairs per record, attention kept within each. Unpacked records hold
+  one pair each; their epoch is their record count, which you give as
+  `data.train_examples` (`--set data.packed=false --set data.train_examples=N`).
+  The evaluation set is never packed: newstest2014's 3,003 sentences
+  (mlperf_input_pipeline.py L28, train.py L642).
+  """
 
   source: Source = Source.WMT
   max_length: int = 256           # logged as max_sequence_length (see `length_method`)
-  train_examples: int = 566_340   # as Google's v0.7 JAX submission logs train_samples
+  packed: bool = True             # training records carry segmentation and positions
+  train_examples: int = 0         # records in an epoch; 0: PACKED_RECORDS if packed
   eval_examples: int = 3003       # newstest2014
   vocab_file: str = ""            # filled in from --data-dir by the harness when empty
 
@@ -109,7 +125,7 @@ def mini() -> TransformerConfig:
   return TransformerConfig(
       model=ModelConfig(vocab_size=1000, width=128, mlp_width=512, num_heads=4,
                         encoder_layers=2, decoder_layers=2, dropout=0.0),
-      data=DataConfig(source=Source.CLDR, max_length=24, train_examples=12_000,
+      data=DataConfig(source=Source.CLDR, max_length=24, packed=False, train_examples=12_000,
                       eval_examples=500),
       optimizer=OptimizerConfig(base_learning_rate=2.0, warmup_steps=200),
       decode=DecodeConfig(beam_size=4, max_length=24),

@@ -1,4 +1,5 @@
-"""MLPerf WMT en-de TFRecords: `inputs` and `targets` as variable-length token ids.
+"""MLPerf WMT en-de TFRecords: `inputs` and `targets` as variable-length token ids,
+packed (with `*_segmentation`, `*_position`) or not.
 
 Schema (tensor2tensor's translate_ende_wmt32k, as the MLPerf reference writes
 it): `inputs`, `targets` int64 lists, each ending in EOS (1). Training files
@@ -25,6 +26,9 @@ CLDR_DIR = "transformer-cldr"
 _GLOBS = {Split.TRAIN: "*train*", Split.EVAL: "*dev*"}
 _VOCAB_GLOBS = (vocab.TOKENIZER_FILE, "vocab.ende.*", "vocab.*")
 FEATURES = ("inputs", "targets")
+PACKING = ("inputs_segmentation", "targets_segmentation", "inputs_position", "targets_position")
+"""Training batches carry these too: read from packed records, derived for unpacked
+ones (segment 1 on real tokens, positions 0, 1, ...), so one model path serves both."""
 
 
 def dataset_dir(cfg: TransformerConfig, data_dir: Path) -> Path:
@@ -61,21 +65,28 @@ def feature_shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
 
 
 def decode(cfg: TransformerConfig, split: Split):
-  """The `DecodeFn`: parse one record, truncate or pad both sides to `max_length`."""
+  """The `DecodeFn`: parse one record, truncate or pad every feature to `max_length`;
+  training examples also get `PACKING` (from packed records, or derived)."""
   from mlbench.train.data import tf
 
-  del split
   t = tf()
   n = cfg.data.max_length
-  spec = {k: t.io.VarLenFeature(t.int64) for k in FEATURES}
+  packed = cfg.data.packed and split is Split.TRAIN
+  keys = FEATURES + (PACKING if packed else ())
+  spec = {k: t.io.VarLenFeature(t.int64) for k in keys}
 
   def parse(record: Any, seed: Any) -> dict[str, Any]:
     del seed
     example = t.io.parse_single_example(record, spec)
     out = {}
-    for k in FEATURES:
+    for k in keys:
       ids = t.cast(t.sparse.to_dense(example[k])[:n], t.int32)
       out[k] = t.reshape(t.pad(ids, [[0, n - t.shape(ids)[0]]]), [n])
+    if split is Split.TRAIN and not packed:
+      for side in FEATURES:
+        real = t.cast(out[side] > 0, t.int32)
+        out[f"{side}_segmentation"] = real
+        out[f"{side}_position"] = t.range(n, dtype=t.int32) * real
     return out
 
   return parse
@@ -85,7 +96,6 @@ def synthetic_batch(cfg: TransformerConfig, split: Split, batch_size: int,
                     rng: np.random.Generator) -> dict[str, np.ndarray]:
   """Random sentences with `decode`'s keys, shapes and dtypes; the target is the
   source reversed, so there is something to learn."""
-  del split
   n, v = cfg.data.max_length, cfg.model.vocab_size
   lengths = rng.integers(max(2, n // 4), n, batch_size)
   inputs = np.zeros((batch_size, n), np.int32)
@@ -94,4 +104,10 @@ def synthetic_batch(cfg: TransformerConfig, split: Split, batch_size: int,
     words = rng.integers(vocab.UNK + 1, v, length - 1)
     inputs[i, :length] = [*words, vocab.EOS]
     targets[i, :length] = [*words[::-1], vocab.EOS]
-  return {"inputs": inputs, "targets": targets}
+  out = {"inputs": inputs, "targets": targets}
+  if split is Split.TRAIN:
+    for side in FEATURES:
+      real = (out[side] > 0).astype(np.int32)
+      out[f"{side}_segmentation"] = real
+      out[f"{side}_position"] = (np.arange(n, dtype=np.int32) * real).astype(np.int32)
+  return out

@@ -78,17 +78,24 @@ class Transformer(nn.Module):
     if self.decode:  # the next target position
       self.position = self.variable("cache", "position", lambda: jnp.zeros((), jnp.int32))
 
-  def encode(self, inputs_BS: jax.Array, deterministic: bool = True) -> jax.Array:
-    """Encoder states [B, S, H]; padding (id 0) is masked out."""
-    x_BSH = self._embed_at(inputs_BS, 0, deterministic)
+  def encode(self, inputs_BS: jax.Array, deterministic: bool = True,
+             packing: Packing | None = None) -> jax.Array:
+    """Encoder states [B, S, H]; padding (id 0) is masked out, and, for packed
+    rows, attention between different segments."""
+    p = packing or {}
+    x_BSH = self._embed_at(inputs_BS, 0, deterministic, p.get("inputs_position"))
     bias = blocks.padding_bias(inputs_BS)
+    if "inputs_segmentation" in p:
+      bias = bias + segment_bias(p["inputs_segmentation"], p["inputs_segmentation"])
     for layer in self.encoder_layers:
       x_BSH = layer(x_BSH, bias, None, None, deterministic)
     return self.encoder_norm(x_BSH)
 
   def decode_logits(self, encoded_BSH: jax.Array, inputs_BS: jax.Array,
-                    targets_in_BL: jax.Array, deterministic: bool = True) -> jax.Array:
+                    targets_in_BL: jax.Array, deterministic: bool = True,
+                    packing: Packing | None = None) -> jax.Array:
     """Next-token logits [B, L, V] for the (right-shifted) target prefix."""
+    p = packing or {}
     if self.decode:
       offset = self.position.value
       if not self.is_initializing():
@@ -97,24 +104,49 @@ class Transformer(nn.Module):
     else:
       offset = 0
       self_bias = blocks.causal_bias(targets_in_BL.shape[1])
-    x_BLH = self._embed_at(targets_in_BL, offset, deterministic)
+    x_BLH = self._embed_at(targets_in_BL, offset, deterministic, p.get("targets_position"))
     cross_bias = blocks.padding_bias(inputs_BS)
+    if "targets_segmentation" in p:
+      t_seg, i_seg = p["targets_segmentation"], p["inputs_segmentation"]
+      self_bias = self_bias + segment_bias(t_seg, t_seg)
+      cross_bias = cross_bias + segment_bias(t_seg, i_seg)
     for layer in self.decoder_layers:
       x_BLH = layer(x_BLH, self_bias, encoded_BSH, cross_bias, deterministic)
     x_BLH = self.decoder_norm(x_BLH)
     return self.embed.attend(x_BLH.astype(jnp.float32))
 
-  def _embed_at(self, ids_BL: jax.Array, offset: Any, deterministic: bool) -> jax.Array:
+  def _embed_at(self, ids_BL: jax.Array, offset: Any, deterministic: bool,
+                positions_BL: jax.Array | None = None) -> jax.Array:
+    """Token embeddings plus the position encodings of `offset`, `offset + 1`, ...,
+    or, for packed rows, of each token's position within its own sentence
+    (Google's AddPositionEmbs with inputs_positions, models.py L428-470)."""
     c = self.cfg
     table_PH = jnp.asarray(blocks.sinusoidal_positions(MAX_POSITIONS, c.width))
-    pos_LH = jax.lax.dynamic_slice_in_dim(table_PH, offset, ids_BL.shape[1])
-    x_BLH = self.embed(ids_BL) * jnp.sqrt(c.width).astype(jnp.float32) + pos_LH[None]
+    if positions_BL is None:
+      pos_BLH = jax.lax.dynamic_slice_in_dim(table_PH, offset, ids_BL.shape[1])[None]
+    else:
+      pos_BLH = table_PH[positions_BL]
+    x_BLH = self.embed(ids_BL) * jnp.sqrt(c.width).astype(jnp.float32) + pos_BLH
     return self.dropout(x_BLH, deterministic=deterministic).astype(_dtype(c))
 
   def __call__(self, inputs_BS: jax.Array, targets_BL: jax.Array,
-               deterministic: bool = True) -> jax.Array:
-    encoded_BSH = self.encode(inputs_BS, deterministic)
-    return self.decode_logits(encoded_BSH, inputs_BS, shift_right(targets_BL), deterministic)
+               deterministic: bool = True, packing: Packing | None = None) -> jax.Array:
+    """`packing`: the `*_segmentation` and `*_position` arrays of packed rows. The
+    whole row is shifted right, as the reference does (models.py L878-880)."""
+    encoded_BSH = self.encode(inputs_BS, deterministic, packing)
+    return self.decode_logits(encoded_BSH, inputs_BS, shift_right(targets_BL), deterministic,
+                              packing)
+
+
+Packing = dict
+"""{inputs,targets}_{segmentation,position} arrays [B, S] / [B, L] of packed rows."""
+
+
+def segment_bias(query_seg_BL: jax.Array, key_seg_BS: jax.Array) -> jax.Array:
+  """[B, 1, L, S] attention bias: a query attends only to keys of its own segment
+  (Google's make_padding_mask(segmentation_mask=True), models.py L372-382)."""
+  same = query_seg_BL[:, None, :, None] == key_seg_BS[:, None, None, :]
+  return jnp.where(same, 0.0, blocks.NEG_INF).astype(jnp.float32)
 
 
 MAX_POSITIONS = 1024

@@ -10,19 +10,27 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from mlbench.errors import UserError
 from mlbench.train import optim
 from mlbench.workload import Batch, EvalPart, Schedule, StepContext, WithMetadata
 from workloads.common import transformer as blocks
 from workloads.transformer import beam_search, bleu, vocab
-from workloads.transformer.config import TransformerConfig
+from workloads.transformer.config import PACKED_RECORDS, TransformerConfig
+from workloads.transformer.input_pipeline import PACKING
 from workloads.transformer.model import Transformer
 
 
 def schedule(cfg: TransformerConfig) -> Schedule:
+  """An epoch is the training set's record count: 566,340 packed records, or, for
+  unpacked data, the count you give as data.train_examples."""
   d = cfg.data
+  examples = d.train_examples or (PACKED_RECORDS if d.packed else 0)
+  if not examples:
+    raise UserError("unpacked WMT training data needs its record count (an epoch): "
+                    "--set data.train_examples=N")
   return Schedule(global_batch_size=cfg.global_batch_size, eval_batch_size=cfg.eval_batch_size,
-                  train_examples=d.train_examples, eval_examples=d.eval_examples,
-                  max_train_samples=round(cfg.train_epochs * d.train_examples))
+                  train_examples=examples, eval_examples=d.eval_examples,
+                  max_train_samples=round(cfg.train_epochs * examples))
 
 
 def init(cfg: TransformerConfig, rng: jax.Array) -> tuple[Any, Any]:
@@ -32,10 +40,18 @@ def init(cfg: TransformerConfig, rng: jax.Array) -> tuple[Any, Any]:
 
 def _token_nll(cfg: TransformerConfig, logits_BLV: jax.Array, targets_BL: jax.Array,
                smoothing: float) -> tuple[jax.Array, jax.Array]:
-  """Label-smoothed cross-entropy per target token, and the weights (0 on padding)."""
+  """Label-smoothed cross-entropy per target token, and the weights (0 on padding).
+
+  As the reference (training_results_v0.7 Google transformer train.py L316-327, and
+  tensor2tensor's padded_cross_entropy_loss): the target gets 1 - a, every other
+  token a / (V - 1) (optax.smooth_labels would give a / V to all), and the soft
+  targets' own entropy is subtracted, so a perfect prediction scores 0.
+  """
   v = cfg.model.vocab_size
-  soft_BLV = optax.smooth_labels(jax.nn.one_hot(targets_BL, v), smoothing)
-  nll_BL = optax.softmax_cross_entropy(logits_BLV, soft_BLV)
+  confidence, low = 1.0 - smoothing, smoothing / (v - 1)
+  entropy = -(confidence * np.log(confidence) + (v - 1) * low * np.log(low + 1e-20))
+  soft_BLV = jax.nn.one_hot(targets_BL, v) * (confidence - low) + low
+  nll_BL = optax.softmax_cross_entropy(logits_BLV, soft_BLV) - entropy
   return nll_BL, (targets_BL > 0).astype(jnp.float32)
 
 
@@ -43,9 +59,10 @@ def loss(cfg: TransformerConfig, ctx: StepContext, params: Any, state: Any, batc
          rng: jax.Array) -> tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]:
   """Label-smoothed cross-entropy, averaged over the real target tokens of the batch."""
   del ctx
+  packing = {k: batch[k] for k in PACKING if k in batch}
   logits_BLV = Transformer(cfg.model).apply({"params": params}, batch["inputs"],
                                             batch["targets"], deterministic=False,
-                                            rngs={"dropout": rng})
+                                            packing=packing, rngs={"dropout": rng})
   nll_BL, w_BL = _token_nll(cfg, logits_BLV, batch["targets"], cfg.optimizer.label_smoothing)
   tokens = w_BL.sum()
   hits = ((jnp.argmax(logits_BLV, -1) == batch["targets"]) * w_BL).sum()
