@@ -316,3 +316,13 @@ def test_hparams_follow_the_mesh_and_the_official_and_mini_rules():
   assert "CHECK" not in keys["max_sequence_length"] and "CHECK" not in keys["max_steps"]
   assert keys["opt_adamw_beta_2"]["CHECK"] == "v['value'] == 0.95"
   assert "<= 5.4" in keys["eval_accuracy"]["ATLEAST_ONE_CHECK"]
+
+
+def test_chunked_attention_is_causal_attention():
+  rng = np.random.default_rng(4)
+  q = jnp.asarray(rng.normal(size=(2, 16, 4, 8)), jnp.float32)
+  k, v = (jnp.asarray(rng.normal(size=(2, 16, 2, 8)), jnp.float32) for _ in range(2))
+  whole = model.causal_attention(q, k, v)
+  np.testing.assert_allclose(model.causal_attention(q, k, v, chunk=4), whole, rtol=1e-5, atol=1e-6)
+  g = lambda c: jax.grad(lambda q: (model.causal_attention(q, k, v, chunk=c) ** 2).sum())(q)
+  np.testing.assert_allclose(g(4), g(0), rtol=1e-4, atol=1e-5)

@@ -67,6 +67,11 @@ class ModelConfig:
   init_std: float = 0.02           # Megatron's init_method_std; output projections / sqrt(2L)
   dtype: DType = DType.BFLOAT16    # activations and matmuls; parameters stay float32
   remat: Remat = Remat.FULL
+  # 0: one causal jax.nn.dot_product_attention call per layer (the fused kernel where the
+  # platform has one: cuDNN flash attention on GPUs). N > 0: queries in blocks of N, each
+  # attending to the keys up to its end under its own rematerialisation, so the XLA
+  # implementation (TPU, CPU) holds one block's scores at a time, not all L x L.
+  attention_chunk: int = 0
 
   @property
   def head_dim(self) -> int:
