@@ -16,7 +16,9 @@ as `submission_benchmark`, and its `closed_<benchmark>.yaml` and
 with our constraints on the keys our rule file lists (each official value check
 of such a key is replaced by ours, or dropped where ours has none; keys the
 official file lacks are added as required). Keys of the ruleset's common files
-keep their official checks.
+keep their official checks. A mini ruleset that states its own hyperparameter list
+(llama31_8b's, which frees the keys pinning the reference's 8,192-token scale) gets
+the same treatment of the official benchmark's files, under their own names.
 """
 
 from __future__ import annotations

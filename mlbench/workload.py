@@ -23,6 +23,9 @@ The contract is shaped for the five planned workloads:
   dropped-token fraction) as train metrics; `StepContext.mesh` gives the
   expert-parallel dispatch its mesh; `flops_per_example` counts model FLOPs
   without the dispatch einsums.
+* llama31_8b: data in Megatron `.bin`/`.idx` files, read through `InputSpec.examples`
+  in the order the format's sample index gives; `Schedule.gradient_accumulation_steps`
+  splits the global batch into sequential microbatches.
 """
 
 from __future__ import annotations

@@ -67,7 +67,8 @@ class TokenExamples:
 
 
 def examples(cfg: LlamaConfig, data_dir: Path, split: Split, seed: int) -> TokenExamples:
-  """Training samples for the whole budget, shuffled with `seed`; or the evaluation set."""
+  """Training samples, shuffled with `seed`, as many as the schedule's max_steps take;
+  or the evaluation set."""
   files(cfg, data_dir, split)
   try:
     dataset = indexed.IndexedDataset(prefix(cfg, data_dir, split))
@@ -76,8 +77,10 @@ def examples(cfg: LlamaConfig, data_dir: Path, split: Split, seed: int) -> Token
   length = cfg.data.seq_length
   if split is Split.EVAL:
     return TokenExamples(indexed.evaluation_samples(dataset, length, cfg.data.eval_examples))
-  budget = (cfg.train_budget_steps or cfg.optimizer.max_steps) * cfg.global_batch_size
-  return TokenExamples(indexed.training_samples(dataset, length, budget, seed))
+  # The reference builds its index for max_steps x batch samples (num_train_samples),
+  # whatever a run's budget: the epoch count, and so the order, follow from it.
+  wanted = cfg.optimizer.max_steps * cfg.global_batch_size
+  return TokenExamples(indexed.training_samples(dataset, length, wanted, seed))
 
 
 def synthetic_batch(cfg: LlamaConfig, split: Split, batch_size: int,

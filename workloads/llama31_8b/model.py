@@ -62,6 +62,27 @@ def apply_rope(x_BLND: jax.Array, cos_LD: jax.Array, sin_LD: jax.Array) -> jax.A
   return out.astype(x_BLND.dtype)
 
 
+def causal_attention(q_BLND: jax.Array, k_BLKD: jax.Array, v_BLKD: jax.Array,
+                     chunk: int = 0) -> jax.Array:
+  """Causal grouped-query attention through `jax.nn.dot_product_attention`; with `chunk`,
+  query block b (positions [b*chunk, (b+1)*chunk)) attends to keys [0, (b+1)*chunk)
+  under its own `jax.checkpoint` (same result, a block's scores in memory at a time,
+  and the fully masked upper blocks never computed)."""
+  length = q_BLND.shape[1]
+  if not chunk or chunk >= length:
+    return jax.nn.dot_product_attention(q_BLND, k_BLKD, v_BLKD, is_causal=True)
+  if length % chunk:
+    raise ValueError(f"attention_chunk {chunk} must divide the sequence length {length}")
+  block = jax.checkpoint(lambda q, k, v, m: jax.nn.dot_product_attention(q, k, v, mask=m))
+  outs = []
+  for b in range(length // chunk):
+    end = (b + 1) * chunk
+    allowed_QS = np.arange(b * chunk, end)[:, None] >= np.arange(end)[None, :]
+    outs.append(block(q_BLND[:, b * chunk:end], k_BLKD[:, :end], v_BLKD[:, :end],
+                      jnp.asarray(allowed_QS)[None, None]))
+  return jnp.concatenate(outs, axis=1)
+
+
 def _dtype(cfg: ModelConfig) -> Any:
   return jnp.dtype(cfg.dtype.value)
 
@@ -84,7 +105,7 @@ class Attention(nn.Module):
     q_BLND = apply_rope(proj((c.num_heads, c.head_dim), name="query")(x_BLH), cos_LD, sin_LD)
     k_BLKD = apply_rope(proj((c.num_kv_heads, c.head_dim), name="key")(x_BLH), cos_LD, sin_LD)
     v_BLKD = proj((c.num_kv_heads, c.head_dim), name="value")(x_BLH)
-    out_BLND = jax.nn.dot_product_attention(q_BLND, k_BLKD, v_BLKD, is_causal=True)
+    out_BLND = causal_attention(q_BLND, k_BLKD, v_BLKD, c.attention_chunk)
     return nn.DenseGeneral(x_BLH.shape[-1], axis=(-2, -1), use_bias=False, dtype=_dtype(c),
                            kernel_init=_residual_init(c), name="output")(out_BLND)
 

@@ -1,0 +1,109 @@
+"""The mini dataset: CPython's own documentation as Megatron indexed datasets.
+
+Documents are the docstrings of every pure-Python standard-library module (module,
+class and function docstrings of one file, read with `ast`, never imported; test
+suites, IDLE, tkinter, lib2to3 and the bundled packages left out), then the Python
+language reference's help texts (`pydoc_data.topics`, one document per topic), about
+2 M characters in all, shipped with every CPython. Every `EVAL_EVERY`-th document is
+held out as the validation set. A byte-level BPE vocabulary (Hugging Face
+`tokenizers`; no unknown tokens) is trained on the training documents only; each
+document is written as its ids followed by `<|endoftext|>` (NeMo's --append-eod),
+into `train_text_document.{bin,idx}` and `validation_text_document.{bin,idx}` with
+`tokenizer.json` beside them. Samples are then built from these files exactly as from
+the reference's C4 (`indexed.py`). Written once, atomically; later runs reuse it.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import platform
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+
+from mlbench.train import data
+from workloads.llama31_8b import indexed
+from workloads.llama31_8b.config import LlamaConfig, Source
+from workloads.llama31_8b.input_pipeline import dataset_dir
+
+EVAL_EVERY = 10
+END_OF_TEXT = "<|endoftext|>"
+_SKIPPED = {"site-packages", "dist-packages", "test", "idlelib", "lib2to3", "tkinter",
+            "turtledemo", "ensurepip", "__pycache__"}
+
+
+def docstrings(path: Path) -> str:
+  """The docstrings of one source file, in source order, separated by blank lines."""
+  try:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+  except (SyntaxError, UnicodeDecodeError, ValueError):
+    return ""
+  kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+  found = [n for n in ast.walk(tree) if isinstance(n, kinds)]
+  found.sort(key=lambda n: getattr(n, "lineno", 0))
+  return "\n\n".join(d for n in found if (d := ast.get_docstring(n)))
+
+
+def documents() -> list[tuple[str, str]]:
+  """(name, text) of every document: stdlib modules by path, then pydoc topics by name."""
+  from pydoc_data.topics import topics
+
+  root = Path(sysconfig.get_paths()["stdlib"])
+  out = []
+  for path in sorted(root.rglob("*.py")):
+    rel = path.relative_to(root)
+    if _SKIPPED & set(rel.parts) or "tests" in rel.parts:
+      continue
+    if text := docstrings(path):
+      out.append((str(rel), text))
+  return out + [(f"topic:{name}", topics[name]) for name in sorted(topics)]
+
+
+def split(docs: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
+  """(training texts, held-out texts): every EVAL_EVERY-th document is held out."""
+  train = [t for i, (_, t) in enumerate(docs) if i % EVAL_EVERY != EVAL_EVERY - 1]
+  held_out = [t for i, (_, t) in enumerate(docs) if i % EVAL_EVERY == EVAL_EVERY - 1]
+  return train, held_out
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+  """A byte-level BPE tokenizer with one special token, `<|endoftext|>` (id 0)."""
+  from tokenizers import ByteLevelBPETokenizer
+
+  tokenizer = ByteLevelBPETokenizer()
+  tokenizer.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=2,
+                                special_tokens=[END_OF_TEXT], show_progress=False)
+  return tokenizer
+
+
+def encode(tokenizer, texts: list[str]) -> list[np.ndarray]:
+  """Every text's ids followed by `<|endoftext|>`."""
+  end = tokenizer.token_to_id(END_OF_TEXT)
+  return [np.asarray([*e.ids, end], np.int64) for e in tokenizer.encode_batch(texts)]
+
+
+def prepare(cfg: LlamaConfig, data_dir: Path) -> None:
+  """Writes the mini datasets under `data_dir` unless they are already there; does
+  nothing for configs that read supplied files."""
+  if cfg.data.source is not Source.PYDOC:
+    return
+  data.write_dataset(dataset_dir(cfg, Path(data_dir)), functools.partial(_write, cfg))
+
+
+def _write(cfg: LlamaConfig, folder: Path) -> dict[str, object]:
+  docs = documents()
+  train_texts, eval_texts = split(docs)
+  tokenizer = train_tokenizer(train_texts, cfg.model.vocab_size)
+  dtype = np.uint16 if tokenizer.get_vocab_size() < 65500 else np.int32
+  counts = {}
+  for prefix, texts in ((cfg.data.train_prefix, train_texts), (cfg.data.eval_prefix, eval_texts)):
+    ids = encode(tokenizer, texts)
+    indexed.write(folder / prefix, ids, dtype)
+    counts[prefix] = {"documents": len(ids), "tokens": int(sum(len(i) for i in ids))}
+  tokenizer.save(str(folder / "tokenizer.json"))
+  return {"source": f"docstrings of the standard library and pydoc_data.topics of CPython "
+                    f"{platform.python_version()}",
+          "held_out": f"every {EVAL_EVERY}th document", "vocab_size": tokenizer.get_vocab_size(),
+          **counts}
