@@ -188,6 +188,7 @@ def _run_locked(shards, work, out, workers, description, unit, console) -> Summa
 
 def _run_parallel(todo: Sequence[Shard], work: Callable, out: Path, workers: int,
                   done: Callable[[Shard, dict], None]) -> None:
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # workers inherit it: no TF chatter
   context = multiprocessing.get_context("spawn")
   with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
     pending = {pool.submit(_run_one, work, str(out), s): s for s in todo}
