@@ -81,3 +81,33 @@ def _report(console, summary, job, out: Path) -> int:
   for item in summary.failed:
     console.print(f"[red]shard not written:[/] {item}", highlight=False)
   return 1 if summary.failed else 0
+
+
+@data_group.command("verify")
+@click.argument("dataset", type=click.Choice(DATASETS))
+@click.argument("folder", type=click.Path(path_type=Path))
+@click.option("--full", is_flag=True,
+              help="Also count every record and recompute the checksums (reads everything).")
+def verify_cmd(dataset: str, folder: Path, full: bool) -> int:
+  """Check a prepared DATASET in FOLDER: files, sizes, numbering, a record's schema.
+
+  Exits 1 when anything is missing or wrong.
+  """
+  from rich.table import Table
+
+  from mlbench.datasets import check
+
+  rows = check.verify(dataset, folder, full=full)
+  table = Table(title=f"{dataset} in {folder}", title_justify="left")
+  for col in ("check", "expected", "found", ""):
+    table.add_column(col)
+  marks = {True: "[green]ok[/]", False: "[red]WRONG[/]", None: "[dim]note[/]"}
+  for row in rows:
+    table.add_row(row.check, row.expected, row.found, marks[row.ok])
+  console = output.console(stderr=False)
+  console.print(table)
+  bad = [r.check for r in rows if r.ok is False]
+  if bad:
+    output.console().print(f"{dataset} in {folder}: {len(bad)} check(s) failed: "
+                           f"{', '.join(bad)}", highlight=False)
+  return 1 if bad else 0

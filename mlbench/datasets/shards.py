@@ -203,7 +203,10 @@ def write_manifest(out: Path, shards: Sequence[Shard]) -> int:
   receipts = [json.loads(receipt_path(out, s).read_text()) for s in shards
               if receipt_path(out, s).is_file()]
   files = {name: info for r in receipts for name, info in r["files"].items()}
-  manifest = {"shards": len(receipts), "complete": len(receipts) == len(shards),"records": sum(r["records"] for r in receipts),
+  manifest = {"complete": len(receipts) == len(shards), "planned": len(shards),
+              "records": sum(r["records"] for r in receipts),
+              "shards": {r["shard"]: {"records": r["records"], "files": sorted(r["files"])}
+                         for r in receipts},
               "unreadable": [u for r in receipts for u in r["unreadable"]], "files": files}
   atomic_write_text(Path(out) / MANIFEST, json.dumps(manifest, indent=1))
   return manifest["records"]

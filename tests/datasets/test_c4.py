@@ -144,3 +144,21 @@ def test_a_missing_tokenizer_is_one_line(raw, tmp_path, capsys):
   assert _prepare(raw[0], tmp_path / "out", tmp_path / "nope.json") == 2
   err = capsys.readouterr().err
   assert err.startswith("error: --tokenizer") and err.count("\n") == 1
+
+
+def test_verify_checks_the_megatron_files_the_workload_reads(raw, tmp_path, capsys):
+  raw_dir, tok_path, _ = raw
+  out = tmp_path / "out"
+  assert _prepare(raw_dir, out, tok_path, "--workers", "1") == 0
+  capsys.readouterr()
+  assert main(["data", "verify", "c4", str(out), "--full"]) == 0
+  table = capsys.readouterr().out
+  assert "c4-train.en_6_text_document" in table and "300 documents" in table
+  assert "WRONG" not in table
+  # A .bin cut short: its size no longer matches the index (quick check, no --full).
+  bin_file = out / "c4-validation-91205-samples.en_text_document.bin"
+  bin_file.write_bytes(bin_file.read_bytes()[:-2])
+  assert main(["data", "verify", "c4", str(out)]) == 1
+  captured = capsys.readouterr()
+  assert "c4-validation-91205-samples.en_text_document, c4 sizes" in captured.err
+  assert ".bin holds" in captured.out

@@ -174,3 +174,44 @@ def test_a_wrong_layout_is_one_line_with_exit_code_2(tmp_path, capsys, layout, m
   assert _prepare(raw, tmp_path / "out") == 2
   err = capsys.readouterr().err
   assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def _verify(out: Path, *extra: str) -> int:
+  return main(["data", "verify", "imagenet", str(out), *extra])
+
+
+def test_verify_passes_a_prepared_set_and_names_what_is_wrong(prepared, tmp_path, capsys):
+  import shutil
+
+  assert _verify(prepared, "--full") == 0
+  table = capsys.readouterr().out
+  for check in ("prepare finished", "train files", "train numbering", "train sizes",
+                "train schema", "train records", "train sha256", "validation records"):
+    assert check in table
+  assert "WRONG" not in table and "17" in table
+  broken = tmp_path / "broken"
+  shutil.copytree(prepared, broken)
+  (broken / "train-00001-of-00004").unlink()
+  with open(broken / "validation-00000-of-00002", "ab") as f:
+    f.write(b"x")
+  assert _verify(broken) == 1
+  captured = capsys.readouterr()
+  assert "check(s) failed: train files, train numbering, train sizes, validation sizes" in (
+      captured.err)
+  assert "missing 1" in captured.out
+
+
+def test_verify_without_a_manifest_holds_a_set_to_the_reference(prepared, tmp_path, capsys):
+  import shutil
+
+  bare = tmp_path / "bare"
+  shutil.copytree(prepared, bare, ignore=shutil.ignore_patterns(".mlbench", "mlbench-data.json"))
+  assert _verify(bare) == 1
+  out = capsys.readouterr().out
+  assert "1,024" in out and "checked against the reference" in out
+
+
+def test_verify_a_folder_that_is_not_there_is_one_line(tmp_path, capsys):
+  assert _verify(tmp_path / "nope") == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: ") and err.count("\n") == 1
