@@ -202,3 +202,22 @@ def _megatron_row(prefix: Path, *, required: bool) -> Row:
   ok = size == tokens * ds.dtype.itemsize
   return Row(name, need, f"{len(ds):,} documents, {tokens:,} {ds.dtype} tokens" if ok else
              f".bin holds {size:,} bytes, the index lists {tokens * ds.dtype.itemsize:,}", ok)
+
+
+def require_complete(folder: Path) -> None:
+  """The cheap check `mlbench run` makes: a folder `mlbench data prepare` wrote (it has a
+  manifest) must be finished and hold every file at its written size. Reads no data, so
+  it costs one stat per file; folders without a manifest are left to the workload."""
+  folder = Path(folder)
+  manifest = shards.read_manifest(folder) if folder.is_dir() else None
+  if manifest is None:
+    return
+  if not {"complete", "planned", "shards", "files"} <= set(manifest):
+    return  # a manifest of another version: `mlbench data verify` says so
+  rows = [r for r in _manifest_rows(manifest) + [_sizes_row("files", folder, manifest["files"])]
+          if r.ok is False]
+  if rows:
+    problems = "; ".join(f"{r.check}: expected {r.expected}, found {r.found}" for r in rows)
+    raise UserError(f"the dataset in {folder} is not complete ({problems}); finish it with the "
+                    "same `mlbench data prepare` (finished shards are kept), then check it with "
+                    "`mlbench data verify`")

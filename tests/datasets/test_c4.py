@@ -162,3 +162,18 @@ def test_verify_checks_the_megatron_files_the_workload_reads(raw, tmp_path, caps
   captured = capsys.readouterr()
   assert "c4-validation-91205-samples.en_text_document, c4 sizes" in captured.err
   assert ".bin holds" in captured.out
+
+
+def test_run_refuses_a_half_prepared_set_before_it_starts(raw, tmp_path, capsys):
+  from mlbench.datasets import check
+
+  raw_dir, tok_path, _ = raw
+  out = tmp_path / "out"
+  assert _prepare(raw_dir, out, tok_path, "--workers", "1") == 0
+  check.require_complete(out)  # complete: no complaint
+  (out / "c4-train.en_6_text_document.bin").unlink()
+  capsys.readouterr()
+  assert main(["run", "llama31_8b", "--config", "full", "--data-dir", str(out)]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"error: the dataset in {out} is not complete (files sizes: expected 6 "
+                        "as written, found 1 missing or changed") and err.count("\n") == 1
