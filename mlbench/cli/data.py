@@ -9,7 +9,7 @@ import click
 
 from mlbench.cli import output
 
-DATASETS = ("imagenet", "c4", "bert", "wmt")
+DATASETS = ("imagenet", "coco", "c4", "bert", "wmt")
 
 
 @click.group("data")
@@ -28,10 +28,11 @@ def data_group() -> None:
               help="c4: the model's Hugging Face tokenizer.json.")
 @click.option("--eod", default="auto", show_default=True,
               help="c4: end-of-document token appended to every document, or `none`.")
-@click.option("--train-shards", type=click.IntRange(1), default=1024, show_default=True,
-              help="imagenet: training TFRecord files.")
-@click.option("--val-shards", type=click.IntRange(1), default=128, show_default=True,
-              help="imagenet: validation TFRecord files.")
+@click.option("--train-shards", type=click.IntRange(1),
+              help="imagenet, coco: training TFRecord files. [default: the reference's, "
+                   "1,024 and 100]")
+@click.option("--val-shards", type=click.IntRange(1),
+              help="imagenet, coco: validation TFRecord files. [default: 128 and 50]")
 @click.option("--val-labels", type=click.Path(path_type=Path),
               help="imagenet: LOC_val_solution.csv, a file of one wnid per validation image, or "
                    "the devkit folder. [default: found under --raw]")

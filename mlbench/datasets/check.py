@@ -4,7 +4,8 @@ Every check is a row: what was checked, what was expected, what was found, and
 whether they agree. Expectations come from the folder's manifest when `mlbench data
 prepare` wrote it (files, sizes, records per file, sha256), and otherwise from the
 reference's published numbers (ImageNet: 1,024 training files of 1,281,167 images
-and 128 validation files of 50,000; BERT: 500 training files and an evaluation set
+and 128 validation files of 50,000; COCO: 100 files of the 117,266 training images
+with annotations and 50 of the 5,000 validation images; BERT: 500 training files and an evaluation set
 of 10,000). The quick checks (files, sizes, the index of every Megatron dataset and
 one record's schema) read almost nothing; `full` also counts every record and
 recomputes the checksums.
@@ -43,11 +44,16 @@ class SplitSpec:
 
 _IMAGE = {"image/encoded": BYTES, "image/class/label": INT, "image/height": INT,
           "image/width": INT}
+_COCO = {"image/encoded": BYTES, "image/source_id": BYTES, "image/height": INT,
+         "image/object/bbox/xmin": FLOAT, "image/object/class/label": INT,
+         "image/object/is_crowd": INT, "image/object/area": FLOAT}
 _BERT = {k: INT for k in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
                           "masked_lm_ids", "next_sentence_labels")} | {"masked_lm_weights": FLOAT}
 TFRECORDS = {
     "imagenet": (SplitSpec("train", ("train-*-of-*",), 1024, 1_281_167, _IMAGE),
                  SplitSpec("validation", ("validation-*-of-*",), 128, 50_000, _IMAGE)),
+    "coco": (SplitSpec("train", ("coco_train.record-*", "train-*"), 100, 117_266, _COCO),
+             SplitSpec("val", ("coco_val.record-*", "val-*"), 50, 5_000, _COCO)),
     "bert": (SplitSpec("train", ("part-*",), 500, None, _BERT),
              SplitSpec("eval", ("eval_10k", "eval-*"), None, 10_000, _BERT)),
     "wmt": (SplitSpec("train", ("*train*",), None, None, {"inputs": INT, "targets": INT}),

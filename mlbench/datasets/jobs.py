@@ -10,7 +10,7 @@ from typing import Any
 from mlbench.datasets import shards
 from mlbench.errors import UserError
 
-PREPARED = ("c4", "imagenet")
+PREPARED = ("c4", "imagenet", "coco")
 # Sets MLPerf distributes already preprocessed: prepare says where they come from.
 ELSEWHERE = {
     "bert": "the MLPerf BERT pretraining TFRecords (the reference's create_pretraining_data.py "
@@ -46,5 +46,9 @@ def job(dataset: str, raw: Path, out: Path, options: dict[str, Any]) -> Job:
     from mlbench.datasets import imagenet
 
     return Job(imagenet.plan(raw, options), imagenet.write_shard, "images", "encoding ImageNet")
+  if dataset == "coco":
+    from mlbench.datasets import coco
+
+    return Job(coco.plan(raw, options), coco.write_shard, "images", "encoding COCO")
   raise UserError(f"unknown dataset {dataset!r}; choose from "
                   f"{', '.join(PREPARED + tuple(ELSEWHERE))}")

@@ -14,6 +14,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # Start-of-frame markers (SOF0-SOF15 without DHT C4, JPG C8 and DAC CC).
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
@@ -72,10 +74,16 @@ def _reencode(image: Any) -> bytes:
 
 
 def feature(value: Any) -> Any:
-  """A tf.train.Feature of bytes / str, int, float, or a list of one kind (empty: floats)."""
+  """A tf.train.Feature of bytes / str, int, float, a list of one kind (empty: floats), or a
+  numpy array (its dtype gives the kind)."""
   t = tf()
-  values = list(value) if isinstance(value, (list, tuple)) else [value]
-  first = values[0] if values else 0.0
+  if isinstance(value, np.ndarray):  # the dtype says the kind, so an empty list keeps it
+    kind = value.dtype.kind
+    values = value.reshape(-1).tolist()
+    first = b"" if kind in "SO" else 0.0 if kind == "f" else 0
+  else:
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    first = values[0] if values else 0.0
   if isinstance(first, (bytes, str)):
     return t.train.Feature(bytes_list=t.train.BytesList(
         value=[v.encode() if isinstance(v, str) else v for v in values]))
