@@ -215,3 +215,38 @@ def test_verify_a_folder_that_is_not_there_is_one_line(tmp_path, capsys):
   assert _verify(tmp_path / "nope") == 2
   err = capsys.readouterr().err
   assert err.startswith("error: ") and err.count("\n") == 1
+
+
+def _val_only(tmp_path: Path, n: int = 4) -> Path:
+  raw = tmp_path / "raw"
+  (raw / "val").mkdir(parents=True)
+  for i in range(n):
+    (raw / "val" / f"ILSVRC2012_val_{i + 1:08d}.JPEG").write_bytes(b"")
+  return raw
+
+
+def test_validation_labels_from_the_reference_list_and_the_devkit(tmp_path):
+  from scipy.io import savemat
+
+  from mlbench.datasets import imagenet
+
+  raw = _val_only(tmp_path)
+  wnids = ["n01443537", "n01440764", "n01484850", "n01440764"]
+  (raw / "imagenet_2012_validation_synset_labels.txt").write_text("\n".join(wnids) + "\n")
+  assert [w for _, w in imagenet.val_images(raw, None)] == wnids
+  # The devkit numbers synsets its own way (not sorted by wnid): 1 -> n01484850, ...
+  devkit = tmp_path / "ILSVRC2012_devkit_t12"
+  (devkit / "data").mkdir(parents=True)
+  synsets = np.array([(1, "n01484850"), (2, "n01440764"), (3, "n01443537")],
+                     dtype=[("ILSVRC2012_ID", object), ("WNID", object)])
+  savemat(devkit / "data" / "meta.mat", {"synsets": synsets})
+  (devkit / "data" / "ILSVRC2012_validation_ground_truth.txt").write_text("3\n2\n1\n2\n")
+  assert [w for _, w in imagenet.val_images(raw, devkit)] == wnids
+
+
+def test_labels_for_other_images_are_one_line(tmp_path, capsys):
+  raw = _val_only(tmp_path)
+  (raw / "imagenet_2012_validation_synset_labels.txt").write_text("n01443537\n")
+  assert _prepare(raw, tmp_path / "out") == 2
+  err = capsys.readouterr().err
+  assert "labels 1 validation images but" in err and err.count("\n") == 1
