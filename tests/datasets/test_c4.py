@@ -177,3 +177,33 @@ def test_run_refuses_a_half_prepared_set_before_it_starts(raw, tmp_path, capsys)
   err = capsys.readouterr().err
   assert err.startswith(f"error: the dataset in {out} is not complete (files sizes: expected 6 "
                         "as written, found 1 missing or changed") and err.count("\n") == 1
+
+
+def test_one_train_step_of_llama_on_the_prepared_tokens(raw, tmp_path):
+  """The full config's data path and model family, at the mini config's size (the vocabulary
+  cut to the test tokenizer's), through the harness's compiled train step."""
+  import jax
+
+  from mlbench.train import data, mesh as mesh_lib, steps
+  from mlbench.workload import Split, StepContext
+  from workloads.llama31_8b import WORKLOAD, config, input_pipeline
+  from workloads.llama31_8b.config import Source
+
+  raw_dir, tok_path, _ = raw
+  out = tmp_path / "out"
+  assert _prepare(raw_dir, out, tok_path, "--workers", "1") == 0
+  mini, full = config.mini(), config.full()
+  cfg = dataclasses.replace(
+      mini, name="full", global_batch_size=8, train_budget_steps=4,
+      model=dataclasses.replace(mini.model, vocab_size=300, num_layers=1),
+      data=dataclasses.replace(full.data, source=Source.C4, seq_length=32, eval_examples=8))
+  sched = WORKLOAD.schedule(cfg)
+  mesh = mesh_lib.make_mesh()
+  programs = steps.compile_programs(WORKLOAD, cfg, sched, mesh, StepContext(mesh=mesh),
+                                    WORKLOAD.optimizer(cfg, sched))
+  batch = next(data.example_batches(input_pipeline.examples(cfg, out, Split.TRAIN, seed=0),
+                                    per_host_batch=8, host=0, hosts=1))
+  state, sums = programs.train(programs.init_state(0), programs.fresh_sums(),
+                               mesh_lib.to_global(batch, programs.batch_sharding, 8))
+  loss = float(jax.device_get(sums)["loss"])
+  assert np.isfinite(loss) and int(jax.device_get(state.step)) == 1
