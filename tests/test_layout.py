@@ -1,6 +1,6 @@
 """The package layout is the architecture: imports flow one way between the wings.
 
-    cli -> {train, pod, verify} -> base (the top-level modules)
+    cli -> {train, pod, verify, datasets} -> base (the top-level modules)
 
 `pod` may use `train` (it compiles the same steps a run compiles); `verify`
 never imports `train` or JAX (validating a log needs no accelerator stack); the
@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
-WINGS = ("cli", "train", "pod", "verify")
+WINGS = ("cli", "train", "pod", "verify", "datasets")
 # What each part of the package may import from mlbench (besides the base).
-ALLOWED = {"base": set(), "cli": {"cli", "train", "pod", "verify"}, "train": {"train"},
-           "pod": {"pod", "train"}, "verify": {"verify"}}
+ALLOWED = {"base": set(), "cli": {"cli", "train", "pod", "verify", "datasets"},
+           "train": {"train"}, "pod": {"pod", "train"}, "verify": {"verify"},
+           "datasets": {"datasets"}}
 # The run-side helpers a workload plugin may build on; everything else in
 # mlbench.train (the loop, the clock, steps, ...) belongs to the harness.
 PLUGIN_HELPERS = {"mlbench.train.data", "mlbench.train.optim", "mlbench.train.layers"}

@@ -14,6 +14,7 @@ import click
 from mlbench import __version__
 from mlbench.cli.check import check_cmd
 from mlbench.cli.compare import compare_cmd
+from mlbench.cli.data import data_group
 from mlbench.cli.info import describe_cmd, list_cmd
 from mlbench.cli.run import run_cmd
 from mlbench.cli.validate import validate_cmd
@@ -38,6 +39,7 @@ cli.add_command(run_cmd)
 cli.add_command(check_cmd)
 cli.add_command(validate_cmd)
 cli.add_command(compare_cmd)
+cli.add_command(data_group)
 
 
 def _fail(message: str, code: int = 2) -> int:

@@ -81,6 +81,10 @@ def run_cmd(ctx: click.Context, workload: str, config_name: str | None,
   if system is not None:
     paths.check_name("--system", system)
   paths.check_name("--submitter", submitter)
+  if data_dir is not None:  # a set `mlbench data prepare` wrote: never start on half of it
+    from mlbench.datasets import check
+
+    check.require_complete(data_dir)
   from mlbench.train import runner  # Heavy: JAX, Flax, TensorFlow.
 
   if init_checkpoint:  # a config key of the workloads that start from weights

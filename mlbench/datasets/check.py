@@ -1,0 +1,229 @@
+"""`mlbench data verify`: is a prepared dataset complete and in the schema its workload reads?
+
+Every check is a row: what was checked, what was expected, what was found, and
+whether they agree. Expectations come from the folder's manifest when `mlbench data
+prepare` wrote it (files, sizes, records per file, sha256), and otherwise from the
+reference's published numbers (ImageNet: 1,024 training files of 1,281,167 images
+and 128 validation files of 50,000; COCO: 100 files of the 117,266 training images
+with annotations and 50 of the 5,000 validation images; BERT: 500 training files and an evaluation set
+of 10,000). The quick checks (files, sizes, the index of every Megatron dataset and
+one record's schema) read almost nothing; `full` also counts every record and
+recomputes the checksums.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from mlbench.datasets import shards
+from mlbench.errors import UserError
+
+BYTES, INT, FLOAT = "bytes", "int64", "float"
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  check: str
+  expected: str
+  found: str
+  ok: bool | None  # None: for information, not a failure
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitSpec:
+  """One split of a TFRecord dataset as its workload globs it."""
+
+  name: str
+  globs: tuple[str, ...]
+  files: int | None
+  records: int | None
+  features: dict[str, str]
+
+
+_IMAGE = {"image/encoded": BYTES, "image/class/label": INT, "image/height": INT,
+          "image/width": INT}
+_COCO = {"image/encoded": BYTES, "image/source_id": BYTES, "image/height": INT,
+         "image/object/bbox/xmin": FLOAT, "image/object/class/label": INT,
+         "image/object/is_crowd": INT, "image/object/area": FLOAT}
+_BERT = {k: INT for k in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
+                          "masked_lm_ids", "next_sentence_labels")} | {"masked_lm_weights": FLOAT}
+TFRECORDS = {
+    "imagenet": (SplitSpec("train", ("train-*-of-*",), 1024, 1_281_167, _IMAGE),
+                 SplitSpec("validation", ("validation-*-of-*",), 128, 50_000, _IMAGE)),
+    "coco": (SplitSpec("train", ("coco_train.record-*", "train-*"), 100, 117_266, _COCO),
+             SplitSpec("val", ("coco_val.record-*", "val-*"), 50, 5_000, _COCO)),
+    "bert": (SplitSpec("train", ("part-*",), 500, None, _BERT),
+             SplitSpec("eval", ("eval_10k", "eval-*"), None, 10_000, _BERT)),
+    "wmt": (SplitSpec("train", ("*train*",), None, None, {"inputs": INT, "targets": INT}),
+            SplitSpec("dev", ("*dev*",), None, None, {"inputs": INT, "targets": INT})),
+}
+DATASETS = tuple(TFRECORDS) + ("c4",)
+
+
+def verify(dataset: str, folder: Path, *, full: bool) -> list[Row]:
+  """Every check of `dataset` in `folder`; one-line errors when there is nothing to check."""
+  folder = Path(folder)
+  if not folder.is_dir():
+    raise UserError(f"{folder} is not a folder; give the folder `mlbench data prepare` wrote")
+  manifest = shards.read_manifest(folder)
+  if manifest is not None and not {"complete", "planned", "shards", "files"} <= set(manifest):
+    raise UserError(f"{folder / shards.MANIFEST} is not a manifest this mlbench reads; run the "
+                    "same `mlbench data prepare` again to rewrite it (finished shards are kept)")
+  rows = _manifest_rows(manifest)
+  if dataset == "c4":
+    return rows + _c4_rows(folder, manifest, full)
+  if dataset not in TFRECORDS:
+    raise UserError(f"unknown dataset {dataset!r}; choose from {', '.join(DATASETS)}")
+  for spec in TFRECORDS[dataset]:
+    rows += _split_rows(folder, spec, manifest, full)
+  return rows
+
+
+def _manifest_rows(manifest: dict | None) -> list[Row]:
+  if manifest is None:
+    return [Row("manifest", "mlbench-data.json", "none: checked against the reference", None)]
+  rows = [Row("prepare finished", f"{manifest['planned']} shards",
+              f"{len(manifest['shards'])} shards", manifest["complete"])]
+  if manifest["unreadable"]:
+    rows.append(Row("unreadable inputs", "0", f"{len(manifest['unreadable'])} left out", None))
+  return rows
+
+
+def _files(folder: Path, globs: tuple[str, ...]) -> list[Path]:
+  return sorted({p for g in globs for p in folder.glob(g) if p.is_file()})
+
+
+def _split_rows(folder: Path, spec: SplitSpec, manifest: dict | None, full: bool) -> list[Row]:
+  files = _files(folder, spec.globs)
+  listed = {n: i for n, i in (manifest or {}).get("files", {}).items()
+            if any(Path(n).match(g) for g in spec.globs)}
+  want_files = len(listed) if manifest else spec.files
+  rows = [Row(f"{spec.name} files", _n(want_files), str(len(files)),
+              None if want_files is None else len(files) == want_files)]
+  rows += _numbering_rows(spec.name, files)
+  if manifest:
+    rows.append(_sizes_row(spec.name, folder, listed))
+  if files:
+    rows.append(_schema_row(spec, files[0]))
+  if full and files:
+    want = (sum(manifest["shards"][n]["records"] for n in listed if n in manifest["shards"])
+            if manifest else spec.records)
+    from mlbench.datasets import records
+
+    found = sum(records.count(p) for p in files)
+    rows.append(Row(f"{spec.name} records", _n(want), f"{found:,}",
+                    None if want is None else found == want))
+    if manifest:
+      rows.append(_checksum_row(spec.name, folder, listed))
+  return rows
+
+
+def _n(value: int | None) -> str:
+  return "-" if value is None else f"{value:,}"
+
+
+def _numbering_rows(name: str, files: list[Path]) -> list[Row]:
+  """`x-00003-of-00008` files: every index of the count present, one count for all."""
+  numbered = [re.search(r"-(\d+)-of-(\d+)$", p.name) for p in files]
+  if not files or not all(numbered):
+    return []
+  counts = {int(m.group(2)) for m in numbered}
+  indices = {int(m.group(1)) for m in numbered}
+  total = max(counts)
+  missing = sorted(set(range(total)) - indices)
+  found = "all" if not missing and len(counts) == 1 else (
+      f"missing {', '.join(map(str, missing[:5]))}{'...' if len(missing) > 5 else ''}"
+      if missing else f"mixed counts {sorted(counts)}")
+  return [Row(f"{name} numbering", f"0..{total - 1} of {total}", found, found == "all")]
+
+
+def _sizes_row(name: str, folder: Path, listed: dict[str, dict]) -> Row:
+  bad = [n for n, info in listed.items()
+         if not (folder / n).is_file() or (folder / n).stat().st_size != info["bytes"]]
+  return Row(f"{name} sizes", f"{len(listed)} as written", "all" if not bad else
+             f"{len(bad)} missing or changed ({bad[0]}...)", not bad)
+
+
+def _checksum_row(name: str, folder: Path, listed: dict[str, dict]) -> Row:
+  bad = [n for n, info in listed.items()
+         if (folder / n).is_file() and shards.sha256(folder / n) != info["sha256"]]
+  return Row(f"{name} sha256", f"{len(listed)} as written", "all" if not bad else
+             f"{len(bad)} differ ({bad[0]}...)", not bad)
+
+
+def _schema_row(spec: SplitSpec, path: Path) -> Row:
+  from mlbench.datasets import records
+
+  t = records.tf()
+  want = ", ".join(sorted(spec.features))
+  try:
+    first = next(iter(t.data.TFRecordDataset(str(path)).take(1)), None)
+    if first is None:
+      return Row(f"{spec.name} schema", want, f"{path.name} is empty", None)
+    feature = t.train.Example.FromString(first.numpy()).features.feature
+  except Exception as e:  # a corrupt file: TF raises DataLossError, protobuf DecodeError
+    return Row(f"{spec.name} schema", want, f"{path.name}: {type(e).__name__}", False)
+  kinds = {k: {"bytes_list": BYTES, "int64_list": INT, "float_list": FLOAT}.get(
+      feature[k].WhichOneof("kind")) for k in feature}
+  wrong = [f"{k} ({kinds.get(k, 'missing')})" for k, v in spec.features.items()
+           if kinds.get(k) != v]
+  return Row(f"{spec.name} schema", want, "as expected" if not wrong else
+             "wrong: " + ", ".join(wrong), not wrong)
+
+
+def _c4_rows(folder: Path, manifest: dict | None, full: bool) -> list[Row]:
+  from workloads.llama31_8b import config
+
+  data = config.full().data
+  prefixes = sorted({p.name[:-len(".idx")] for p in folder.glob("*_text_document.idx")}
+                    | {data.train_prefix, data.eval_prefix})
+  rows = []
+  for prefix in prefixes:
+    rows.append(_megatron_row(folder / prefix, required=prefix in (data.train_prefix,
+                                                                   data.eval_prefix)))
+  if manifest:
+    listed = manifest["files"]
+    rows.append(_sizes_row("c4", folder, listed))
+    if full:
+      rows.append(_checksum_row("c4", folder, listed))
+  return rows
+
+
+def _megatron_row(prefix: Path, *, required: bool) -> Row:
+  """The index parses and the .bin holds exactly the tokens it lists."""
+  from workloads.llama31_8b import indexed
+
+  name = prefix.name
+  need = "read by llama31_8b" if required else "extra"
+  if not Path(str(prefix) + ".idx").is_file() or not Path(str(prefix) + ".bin").is_file():
+    return Row(name, need, "missing .bin or .idx", False if required else None)
+  try:
+    ds = indexed.IndexedDataset(prefix)
+  except (indexed.FormatError, ValueError) as e:
+    return Row(name, need, str(e), False)
+  tokens = int(ds.sequence_lengths.sum())
+  size = Path(str(prefix) + ".bin").stat().st_size
+  ok = size == tokens * ds.dtype.itemsize
+  return Row(name, need, f"{len(ds):,} documents, {tokens:,} {ds.dtype} tokens" if ok else
+             f".bin holds {size:,} bytes, the index lists {tokens * ds.dtype.itemsize:,}", ok)
+
+
+def require_complete(folder: Path) -> None:
+  """The cheap check `mlbench run` makes: a folder `mlbench data prepare` wrote (it has a
+  manifest) must be finished and hold every file at its written size. Reads no data, so
+  it costs one stat per file; folders without a manifest are left to the workload."""
+  folder = Path(folder)
+  manifest = shards.read_manifest(folder) if folder.is_dir() else None
+  if manifest is None:
+    return
+  if not {"complete", "planned", "shards", "files"} <= set(manifest):
+    return  # a manifest of another version: `mlbench data verify` says so
+  rows = [r for r in _manifest_rows(manifest) + [_sizes_row("files", folder, manifest["files"])]
+          if r.ok is False]
+  if rows:
+    problems = "; ".join(f"{r.check}: expected {r.expected}, found {r.found}" for r in rows)
+    raise UserError(f"the dataset in {folder} is not complete ({problems}); finish it with the "
+                    "same `mlbench data prepare` (finished shards are kept), then check it with "
+                    "`mlbench data verify`")

@@ -1,0 +1,217 @@
+"""Sharded, atomic, resumable, parallel writing of a prepared dataset, with a progress bar.
+
+A dataset is prepared as independent shards. Each shard's files are written under a
+temporary name and renamed into place, then a small receipt (`.mlbench/<shard>.json`:
+records, units, and every file's size and sha256) is written, also atomically. A shard
+with its receipt and files is finished, so an interrupted job, run again, redoes only
+the shards without a receipt; half-written files never carry a final name. When every
+shard is finished the receipts are gathered into `mlbench-data.json`, the manifest
+`mlbench data verify` checks against.
+
+Shards run in worker processes started with `spawn` (TensorFlow and the tokenizers'
+thread pools do not survive a `fork`); one worker runs in this process. A file that
+cannot be read is listed in the shard's receipt and the job goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+from mlbench.errors import UserError
+
+MANIFEST = "mlbench-data.json"
+RECEIPTS = ".mlbench"
+
+
+class Unreadable(Exception):
+  """An input a shard cannot be written from; the shard is listed as failed, the job goes on."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+  """One unit of work: `work(task, tmp_paths)` writes `outputs` (names in the out folder)."""
+
+  name: str
+  outputs: tuple[str, ...]
+  task: Any
+  units: int  # expected progress units (images, input bytes) for the bar and the ETA
+
+
+@dataclasses.dataclass
+class Written:
+  """What a worker reports for one shard."""
+
+  records: int
+  units: int  # what the rate is counted in: images, tokens
+  unreadable: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Summary:
+  """The outcome of `run`: shards written now and skipped as finished, and the totals."""
+
+  written: int = 0
+  skipped: int = 0
+  records: int = 0
+  units: int = 0
+  seconds: float = 0.0
+  unreadable: list[str] = dataclasses.field(default_factory=list)
+  failed: list[str] = dataclasses.field(default_factory=list)
+
+
+def receipt_path(out: Path, shard: Shard) -> Path:
+  return Path(out) / RECEIPTS / f"{shard.name}.json"
+
+
+def is_finished(out: Path, shard: Shard) -> bool:
+  """Whether a shard's receipt and all its files are in place."""
+  return receipt_path(out, shard).is_file() and all((Path(out) / o).is_file()
+                                                     for o in shard.outputs)
+
+
+def sha256(path: Path) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+  tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+  tmp.write_text(text)
+  os.replace(tmp, path)
+
+
+def _run_one(work: Callable[[Any, list[Path]], Written], out: str, shard: Shard) -> dict:
+  """Writes one shard under temporary names, renames it into place, writes its receipt."""
+  out_dir = Path(out)
+  tmps = [out_dir / f".{name}.tmp-{os.getpid()}" for name in shard.outputs]
+  try:
+    try:
+      written = work(shard.task, tmps)
+    except Unreadable as e:
+      return {"failed": str(e)}
+    files = {}
+    for tmp, name in zip(tmps, shard.outputs):
+      files[name] = {"bytes": tmp.stat().st_size, "sha256": sha256(tmp)}
+      os.replace(tmp, out_dir / name)
+  finally:
+    for tmp in tmps:
+      tmp.unlink(missing_ok=True)
+  receipt = {"shard": shard.name, "records": written.records, "units": written.units,
+             "unreadable": written.unreadable, "files": files}
+  atomic_write_text(receipt_path(out_dir, shard), json.dumps(receipt, indent=1))
+  return receipt
+
+
+def _progress(console: Any, unit: str):
+  from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn,
+                             TextColumn, TimeElapsedColumn, TimeRemainingColumn)
+
+  return Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
+                  TextColumn("{task.fields[shards]} shards"),
+                  TextColumn("{task.fields[rate]} " + unit + "/s"), TimeElapsedColumn(),
+                  TextColumn("eta"), TimeRemainingColumn(), console=console, transient=False,
+                  disable=console is None)
+
+
+def run(shards: Sequence[Shard], work: Callable[[Any, list[Path]], Written], out: Path, *,
+        workers: int, description: str, unit: str, console: Any = None) -> Summary:
+  """Writes every unfinished shard (`workers` processes), then the manifest of all of them.
+
+  `work` must be a module-level function (workers import it by name).
+  """
+  out = Path(out)
+  (out / RECEIPTS).mkdir(parents=True, exist_ok=True)
+  with _lock(out):
+    return _run_locked(shards, work, out, workers, description, unit, console)
+
+
+@contextlib.contextmanager
+def _lock(out: Path) -> Iterator[None]:
+  """One job per output folder: a second would race the first for the same shards."""
+  import fcntl
+
+  with open(out / RECEIPTS / "lock", "w") as f:
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise UserError(f"another `mlbench data prepare` is writing into {out}; wait for it "
+                      "to finish or stop it") from None
+    # Temporary files left by an interrupted job are garbage now that no job is running.
+    for stale in out.glob(".*.tmp-*"):
+      stale.unlink()
+    yield
+
+
+def _run_locked(shards, work, out, workers, description, unit, console) -> Summary:
+  import time
+
+  todo = [s for s in shards if not is_finished(out, s)]
+  summary = Summary(skipped=len(shards) - len(todo))
+  start = time.perf_counter()
+  with _progress(console, unit) as bar:
+    task = bar.add_task(description, total=sum(s.units for s in todo) or 1,
+                        shards=f"0/{len(todo)}", rate="-")
+
+    def done(shard: Shard, receipt: dict) -> None:
+      if "failed" in receipt:
+        summary.failed.append(receipt["failed"])
+        bar.update(task, advance=shard.units)
+        return
+      summary.written += 1
+      summary.units += receipt["units"]
+      summary.unreadable += receipt["unreadable"]
+      rate = summary.units / max(time.perf_counter() - start, 1e-9)
+      bar.update(task, advance=shard.units, shards=f"{summary.written}/{len(todo)}",
+                 rate=f"{rate:,.0f}")
+
+    if workers <= 1 or len(todo) <= 1:
+      for shard in todo:
+        done(shard, _run_one(work, str(out), shard))
+    else:
+      _run_parallel(todo, work, out, workers, done)
+  summary.seconds = time.perf_counter() - start
+  summary.records = write_manifest(out, shards)
+  return summary
+
+
+def _run_parallel(todo: Sequence[Shard], work: Callable, out: Path, workers: int,
+                  done: Callable[[Shard, dict], None]) -> None:
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # workers inherit it: no TF chatter
+  context = multiprocessing.get_context("spawn")
+  with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    pending = {pool.submit(_run_one, work, str(out), s): s for s in todo}
+    while pending:
+      finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+      for future in finished:
+        done(pending.pop(future), future.result())
+
+
+def write_manifest(out: Path, shards: Sequence[Shard]) -> int:
+  """Gathers the receipts of `shards` into the manifest; returns the total record count."""
+  receipts = [json.loads(receipt_path(out, s).read_text()) for s in shards
+              if receipt_path(out, s).is_file()]
+  files = {name: info for r in receipts for name, info in r["files"].items()}
+  manifest = {"complete": len(receipts) == len(shards), "planned": len(shards),
+              "records": sum(r["records"] for r in receipts),
+              "shards": {r["shard"]: {"records": r["records"], "files": sorted(r["files"])}
+                         for r in receipts},
+              "unreadable": [u for r in receipts for u in r["unreadable"]], "files": files}
+  atomic_write_text(Path(out) / MANIFEST, json.dumps(manifest, indent=1))
+  return manifest["records"]
+
+
+def read_manifest(out: Path) -> dict | None:
+  path = Path(out) / MANIFEST
+  return json.loads(path.read_text()) if path.is_file() else None

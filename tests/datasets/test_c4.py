@@ -1,0 +1,209 @@
+"""`mlbench data prepare c4`: C4-like json(.gz) lines tokenised by a tokenizer trained here,
+written as Megatron datasets, read back by the llama31_8b workload's own pipeline."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlbench.cli import main
+
+WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing "
+         "matches near the old river bank under grey skies").split()
+
+
+def _texts(n: int, seed: int) -> list[str]:
+  rng = np.random.default_rng(seed)
+  return [" ".join(rng.choice(WORDS, size=int(rng.integers(5, 40)))) for _ in range(n)]
+
+
+def _tokenizer(path: Path) -> Path:
+  from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+  tok = Tokenizer(models.BPE(unk_token="<unk>"))
+  tok.pre_tokenizer = pre_tokenizers.Whitespace()
+  tok.train_from_iterator(_texts(200, 0), trainers.BpeTrainer(
+      vocab_size=300, special_tokens=["<unk>", "<|end_of_text|>"]))
+  tok.save(str(path))
+  return path
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory) -> tuple[Path, Path, dict[str, list[str]]]:
+  root = tmp_path_factory.mktemp("c4")
+  folder = root / "raw"
+  (folder / "en").mkdir(parents=True)
+  texts = {"c4-train.en_6": _texts(300, 1), "c4-validation-91205-samples.en": _texts(80, 2),
+           "c4-train.en_7": _texts(50, 3)}
+  for name, lines in texts.items():
+    body = "".join(json.dumps({"text": t, "timestamp": "2019", "url": "u"}) + "\n" for t in lines)
+    if name.endswith("en_7"):
+      (folder / "en" / f"{name}.json").write_text(body)  # plain json, in a subfolder
+    else:
+      with gzip.open(folder / f"{name}.json.gz", "wt") as f:
+        f.write(body)
+  return folder, _tokenizer(root / "tokenizer.json"), texts
+
+
+def _prepare(raw_dir: Path, out: Path, tok: Path, *extra: str) -> int:
+  return main(["data", "prepare", "c4", "--raw", str(raw_dir), "--out", str(out),
+               "--tokenizer", str(tok), *extra])
+
+
+def _bytes(out: Path) -> dict[str, bytes]:
+  return {p.name: p.read_bytes() for p in sorted(out.glob("*_text_document.*"))}
+
+
+def test_c4_is_tokenised_into_megatron_datasets_the_workload_reads(raw, tmp_path):
+  from tokenizers import Tokenizer
+
+  from workloads.llama31_8b import indexed
+  raw_dir, tok_path, texts = raw
+  out = tmp_path / "out"
+  assert _prepare(raw_dir, out, tok_path, "--workers", "1") == 0
+  tok = Tokenizer.from_file(str(tok_path))
+  eod = tok.token_to_id("<|end_of_text|>")
+  for name, lines in texts.items():
+    ds = indexed.IndexedDataset(out / f"{name}_text_document")
+    assert ds.dtype == np.uint16 and len(ds) == len(lines)
+    for i in (0, len(lines) // 2, len(lines) - 1):
+      assert ds.get(i).tolist() == tok.encode(lines[i], add_special_tokens=False).ids + [eod]
+  manifest = json.loads((out / "mlbench-data.json").read_text())
+  assert manifest["records"] == sum(map(len, texts.values())) and manifest["complete"]
+  _one_batch_through_the_workload(out)
+
+
+def _one_batch_through_the_workload(out: Path) -> None:
+  from mlbench.train import data
+  from mlbench.workload import Split
+  from workloads.llama31_8b import config, input_pipeline
+  from workloads.llama31_8b.config import Source
+
+  cfg = config.full()
+  cfg = dataclasses.replace(cfg, global_batch_size=4, train_budget_steps=10, data=dataclasses.replace(
+      cfg.data, source=Source.C4, seq_length=32, eval_examples=16))
+  train = input_pipeline.examples(cfg, out, Split.TRAIN, seed=3)
+  batch = next(data.example_batches(train, per_host_batch=4, host=0, hosts=1))
+  assert batch["tokens"].shape == (4, 33) and batch["tokens"].dtype == np.int32
+  assert batch["tokens"].max() < 300
+  evals = input_pipeline.examples(cfg, out, Split.EVAL, seed=3)
+  assert len(evals) == 16
+
+
+def test_an_interrupted_prepare_resumes_byte_identically(raw, tmp_path, capsys):
+  raw_dir, tok_path, _ = raw
+  out = tmp_path / "out"
+  assert _prepare(raw_dir, out, tok_path, "--workers", "2") == 0
+  first = _bytes(out)
+  # An interrupt: one shard's index never made it, another left a temporary file behind.
+  (out / "c4-train.en_6_text_document.idx").unlink()
+  (out / ".c4-train.en_7_text_document.bin.tmp-1234").write_bytes(b"half")
+  capsys.readouterr()
+  assert _prepare(raw_dir, out, tok_path, "--dry-run") == 0
+  plan = capsys.readouterr().err
+  assert "1 of 3 shards to write" in plan and "to write  c4-train.en_6_text_document.bin" in plan
+  assert _prepare(raw_dir, out, tok_path, "--workers", "1") == 0
+  assert "wrote 1 shard(s), skipped 2 finished" in capsys.readouterr().err
+  assert _bytes(out) == first
+
+
+def test_an_unreadable_file_is_listed_and_the_rest_is_written(raw, tmp_path, capsys):
+  raw_dir, tok_path, texts = raw
+  mixed = tmp_path / "mixed"
+  mixed.mkdir()
+  for p in raw_dir.glob("*.json.gz"):
+    (mixed / p.name).write_bytes(p.read_bytes())
+  (mixed / "c4-train.broken.json.gz").write_bytes(b"not gzip at all")
+  out = tmp_path / "out"
+  assert _prepare(mixed, out, tok_path, "--workers", "1") == 1
+  err = capsys.readouterr().err
+  assert "shard not written: " in err and "c4-train.broken.json.gz" in err
+  assert (out / "c4-train.en_6_text_document.idx").is_file()
+  assert not list(out.glob("c4-train.broken*"))
+
+
+@pytest.mark.parametrize("setup, message", [
+    (lambda d: None, "error: no *.json or *.json.gz files under"),
+    (lambda d: (d / "x.txt").write_text("hi"), "error: no *.json or *.json.gz files under"),
+])
+def test_a_wrong_layout_is_one_line_with_exit_code_2(raw, tmp_path, capsys, setup, message):
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  setup(empty)
+  assert _prepare(empty, tmp_path / "out", raw[1]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(message) and err.count("\n") == 1
+
+
+def test_a_missing_tokenizer_is_one_line(raw, tmp_path, capsys):
+  assert _prepare(raw[0], tmp_path / "out", tmp_path / "nope.json") == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: --tokenizer") and err.count("\n") == 1
+
+
+def test_verify_checks_the_megatron_files_the_workload_reads(raw, tmp_path, capsys):
+  raw_dir, tok_path, _ = raw
+  out = tmp_path / "out"
+  assert _prepare(raw_dir, out, tok_path, "--workers", "1") == 0
+  capsys.readouterr()
+  assert main(["data", "verify", "c4", str(out), "--full"]) == 0
+  table = capsys.readouterr().out
+  assert "c4-train.en_6_text_document" in table and "300 documents" in table
+  assert "WRONG" not in table
+  # A .bin cut short: its size no longer matches the index (quick check, no --full).
+  bin_file = out / "c4-validation-91205-samples.en_text_document.bin"
+  bin_file.write_bytes(bin_file.read_bytes()[:-2])
+  assert main(["data", "verify", "c4", str(out)]) == 1
+  captured = capsys.readouterr()
+  assert "c4-validation-91205-samples.en_text_document, c4 sizes" in captured.err
+  assert ".bin holds" in captured.out
+
+
+def test_run_refuses_a_half_prepared_set_before_it_starts(raw, tmp_path, capsys):
+  from mlbench.datasets import check
+
+  raw_dir, tok_path, _ = raw
+  out = tmp_path / "out"
+  assert _prepare(raw_dir, out, tok_path, "--workers", "1") == 0
+  check.require_complete(out)  # complete: no complaint
+  (out / "c4-train.en_6_text_document.bin").unlink()
+  capsys.readouterr()
+  assert main(["run", "llama31_8b", "--config", "full", "--data-dir", str(out)]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"error: the dataset in {out} is not complete (files sizes: expected 6 "
+                        "as written, found 1 missing or changed") and err.count("\n") == 1
+
+
+def test_one_train_step_of_llama_on_the_prepared_tokens(raw, tmp_path):
+  """The full config's data path and model family, at the mini config's size (the vocabulary
+  cut to the test tokenizer's), through the harness's compiled train step."""
+  import jax
+
+  from mlbench.train import data, mesh as mesh_lib, steps
+  from mlbench.workload import Split, StepContext
+  from workloads.llama31_8b import WORKLOAD, config, input_pipeline
+  from workloads.llama31_8b.config import Source
+
+  raw_dir, tok_path, _ = raw
+  out = tmp_path / "out"
+  assert _prepare(raw_dir, out, tok_path, "--workers", "1") == 0
+  mini, full = config.mini(), config.full()
+  cfg = dataclasses.replace(
+      mini, name="full", global_batch_size=8, train_budget_steps=4,
+      model=dataclasses.replace(mini.model, vocab_size=300, num_layers=1),
+      data=dataclasses.replace(full.data, source=Source.C4, seq_length=32, eval_examples=8))
+  sched = WORKLOAD.schedule(cfg)
+  mesh = mesh_lib.make_mesh()
+  programs = steps.compile_programs(WORKLOAD, cfg, sched, mesh, StepContext(mesh=mesh),
+                                    WORKLOAD.optimizer(cfg, sched))
+  batch = next(data.example_batches(input_pipeline.examples(cfg, out, Split.TRAIN, seed=0),
+                                    per_host_batch=8, host=0, hosts=1))
+  state, sums = programs.train(programs.init_state(0), programs.fresh_sums(),
+                               mesh_lib.to_global(batch, programs.batch_sharding, 8))
+  loss = float(jax.device_get(sums)["loss"])
+  assert np.isfinite(loss) and int(jax.device_get(state.step)) == 1
