@@ -83,9 +83,10 @@ def _describe_rule(console, rule, logged) -> None:
 
   q = rule.quality
   ev = rule.evaluation
+  every = ev.interval(int(unpack(logged["global_batch_size"])[0]))  # BERT's depends on it
   console.print(
       f"rules {rule.ruleset} ({rule.source}): {q.key} {'>=' if q.direction.value == 'higher' else '<='}"
-      f" {q.target:g}; evaluate every {ev.every:g} {ev.unit.value}"
+      f" {q.target:g}; evaluate every {every:g} {ev.unit.value}"
       + (f" (first up to {ev.max_offset:g} early)" if ev.max_offset else "")
       + f"; {rule.runs} runs per result; untimed init <= {rule.init_limit_minutes['closed']:g} min "
         f"closed, {rule.init_limit_minutes['open']:g} min open", highlight=False)

@@ -119,6 +119,12 @@ def test_describe_shows_sizes_hyperparameters_and_rules(capsys):
   assert "rules mini" in out and "evaluate every 4 epochs" in out
 
 
+def test_describe_shows_berts_batch_dependent_cadence(capsys):
+  # 4.0.0: every FLOOR(0.05 * (230.23 * 8192 + 3,000,000), 25,000) = 225,000 samples.
+  assert main(["describe", "bert", "--config", "full"]) == 0
+  assert "evaluate every 225000 samples" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_a_short_run_never_clobbers_an_earlier_result(mlbench, tmp_path, data_dir):
   """An aborted run (budget too small for the target) still files its log, as result_1."""
