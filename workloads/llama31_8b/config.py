@@ -72,6 +72,10 @@ class ModelConfig:
   # attending to the keys up to its end under its own rematerialisation, so the XLA
   # implementation (TPU, CPU) holds one block's scores at a time, not all L x L.
   attention_chunk: int = 0
+  # One scanned layer (parameters stacked on a leading layer axis) instead of unrolled
+  # ones: one layer's program to compile, and under remat the loop keeps one layer's
+  # input per layer for the backward pass whatever the compiler's schedule.
+  scan_layers: bool = False
 
   @property
   def head_dim(self) -> int:
@@ -137,7 +141,7 @@ def full() -> LlamaConfig:
   files in --data-dir; meant for `mlbench check llama31_8b --config full --mesh
   data=8,model=4` and up. A run gives up after 20,000 steps (640 k sequences, 3.5x the
   reference convergence point's 184 k)."""
-  return LlamaConfig(train_budget_steps=20_000)
+  return LlamaConfig(model=ModelConfig(scan_layers=True), train_budget_steps=20_000)
 
 
 def mini() -> LlamaConfig:
