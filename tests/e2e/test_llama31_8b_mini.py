@@ -104,3 +104,22 @@ def test_tensor_parallel_and_fsdp_by_annotation_is_the_same_computation():
   assert p8.state_sharding.params["embedding"]["embedding"].spec == P(None, "data")
   # FSDP: the optimizer state is split like the parameters, over all 8 devices.
   assert p42.opt_state_bytes * 8 <= p42.opt_state_bytes_replicated * 1.05
+
+
+def test_check_of_the_full_model_fits_a_32_chip_slice(mlbench, tmp_path):
+  # Two of the 32 scanned layers keep the compile short; per layer only the parameters,
+  # their optimizer state and one saved layer input per device are added.
+  out = mlbench("check", "llama31_8b", "--config", "full", "--cpu-devices", "32", "--mesh",
+                "data=8,model=4", "--set", "model.num_layers=2", "--set",
+                "model.attention_chunk=1024", "--json", cwd=tmp_path, timeout=1200)
+  assert out.returncode == 0, out.stderr[-2000:]
+  report = json.loads(out.stdout)
+  assert report["params"] == 2 * 218_112_000 + 2 * 128256 * 4096 + 4096
+  # FSDP x tensor parallelism: every matrix split 32 ways (float32 parameters, Adam's
+  # two moments).
+  assert report["param_bytes_per_device"] <= report["params"] * 4 / 32 * 1.01
+  assert report["opt_state_bytes_per_device"] <= report["opt_state_bytes_total"] / 32 * 1.01
+  train, evaluation = report["programs"]
+  assert train["collectives"]["all-gather"] > 0  # FSDP gathers the weights
+  assert train["peak_bytes"] < 40 * 2**30 and evaluation["peak_bytes"] < 16 * 2**30
+  assert not list(tmp_path.iterdir())

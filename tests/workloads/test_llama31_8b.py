@@ -348,3 +348,20 @@ def test_examples_read_the_configs_files(tmp_path):
   assert len(train_a) >= cfg.optimizer.max_steps * cfg.global_batch_size
   assert train_a[0]["tokens"].dtype == np.int32 and train_a[0]["tokens"].shape == (257,)
   assert not np.array_equal(train_a[0]["tokens"], train_b[0]["tokens"])  # the run's seed
+
+
+def test_scanned_layers_compute_what_unrolled_layers_do():
+  base = config.mini()
+  unrolled = dataclasses.replace(base.model, num_layers=3, remat=config.Remat.FULL)
+  scanned = dataclasses.replace(unrolled, scan_layers=True)
+  tokens = jnp.asarray(np.random.default_rng(6).integers(0, 1024, (2, 16)), jnp.int32)
+  params = model.Llama(unrolled).init(jax.random.key(0), tokens)["params"]
+  stacked = {k: v for k, v in params.items() if not k.startswith("layer_")}
+  stacked["layers"] = {"layer": jax.tree.map(lambda *xs: jnp.stack(xs),
+                                             *[params[f"layer_{i}"] for i in range(3)])}
+  want = model.Llama(unrolled).apply({"params": params}, tokens)
+  got = model.Llama(scanned).apply({"params": stacked}, tokens)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  shapes = jax.eval_shape(lambda: model.Llama(scanned).init(jax.random.key(0), tokens))
+  assert jax.tree.map(lambda x: x.shape, shapes["params"]) == jax.tree.map(
+      lambda x: x.shape, stacked)

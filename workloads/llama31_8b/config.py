@@ -72,6 +72,10 @@ class ModelConfig:
   # attending to the keys up to its end under its own rematerialisation, so the XLA
   # implementation (TPU, CPU) holds one block's scores at a time, not all L x L.
   attention_chunk: int = 0
+  # One scanned layer (parameters stacked on a leading layer axis) instead of unrolled
+  # ones: one layer's program to compile, and under remat the loop keeps one layer's
+  # input per layer for the backward pass whatever the compiler's schedule.
+  scan_layers: bool = False
 
   @property
   def head_dim(self) -> int:
@@ -133,11 +137,14 @@ class LlamaConfig:
 def full() -> LlamaConfig:
   """Llama 3.1 8B on the reference's C4 (Llama 3.1 tokenizer, Megatron `.bin`/`.idx`),
   sequences of 8,192 tokens, batch 32, the RCP's learning rate 8e-4 with 128 warmup
-  steps, bfloat16 activations and full remat. Expects the reference's preprocessed
-  files in --data-dir; meant for `mlbench check llama31_8b --config full --mesh
-  data=8,model=4` and up. A run gives up after 20,000 steps (640 k sequences, 3.5x the
-  reference convergence point's 184 k)."""
-  return LlamaConfig(train_budget_steps=20_000)
+  steps, bfloat16 activations, scanned layers with full remat. Expects the reference's
+  preprocessed files in --data-dir. On 32 chips (`mlbench check llama31_8b --config
+  full --cpu-devices 32 --mesh data=8,model=4`, the RCP's 4xDGX-B200 count) a device
+  holds 0.94 GiB of parameters and 1.87 GiB of optimizer state; the train step peaks at
+  52.8 GiB with one attention call per layer (XLA's unfused attention), 38.4 GiB with
+  `--set model.attention_chunk=1024`. A run gives up after 20,000 steps (640 k
+  sequences, 3.5x the reference convergence point's 184 k)."""
+  return LlamaConfig(model=ModelConfig(scan_layers=True), train_budget_steps=20_000)
 
 
 def mini() -> LlamaConfig:

@@ -157,17 +157,38 @@ class Llama(nn.Module):
     x_BLH = nn.Embed(c.vocab_size, c.width, embedding_init=nn.initializers.normal(c.init_std),
                      name="embedding")(tokens_BL).astype(_dtype(c))
     cos_LD, sin_LD = (jnp.asarray(t) for t in rope_tables(c.rope, c.head_dim, tokens_BL.shape[1]))
-    block = Block if c.remat is Remat.NONE else nn.remat(Block, policy=_POLICIES[c.remat])
-    for i in range(c.num_layers):
-      x_BLH = block(c, name=f"layer_{i}")(self._by_batch(x_BLH), cos_LD, sin_LD)
+    if c.scan_layers:
+      step = _ScanStep if c.remat is Remat.NONE else nn.remat(
+          _ScanStep, policy=_POLICIES[c.remat], prevent_cse=False)
+      x_BLH, _ = nn.scan(step, variable_axes={"params": 0}, split_rngs={"params": True},
+                         in_axes=nn.broadcast, length=c.num_layers)(
+                             c, self.mesh, name="layers")(x_BLH, (cos_LD, sin_LD))
+    else:
+      block = Block if c.remat is Remat.NONE else nn.remat(Block, policy=_POLICIES[c.remat])
+      for i in range(c.num_layers):
+        x_BLH = block(c, name=f"layer_{i}")(_by_batch(self.mesh, x_BLH), cos_LD, sin_LD)
     x_BLH = nn.RMSNorm(epsilon=c.norm_epsilon, dtype=_dtype(c), name="final_norm")(x_BLH)
     logits_BLV = nn.Dense(c.vocab_size, use_bias=False, dtype=_dtype(c),
                           kernel_init=nn.initializers.normal(c.init_std), name="output")(x_BLH)
     return logits_BLV.astype(jnp.float32)
 
-  def _by_batch(self, x_BLH: jax.Array) -> jax.Array:
-    if self.mesh is None or int(self.mesh.shape.get("data", 1)) == 1:
-      return x_BLH
-    from jax.sharding import NamedSharding, PartitionSpec as P
 
-    return jax.lax.with_sharding_constraint(x_BLH, NamedSharding(self.mesh, P("data")))
+
+class _ScanStep(nn.Module):
+  """One decoder layer as a scan body: (x, (cos, sin)) -> (x, None)."""
+
+  cfg: ModelConfig
+  mesh: Any = None
+
+  @nn.compact
+  def __call__(self, x_BLH: jax.Array, tables: tuple[jax.Array, jax.Array]):
+    return Block(self.cfg, name="layer")(_by_batch(self.mesh, x_BLH), *tables), None
+
+
+def _by_batch(mesh: Any, x_BLH: jax.Array) -> jax.Array:
+  """Keeps the residual stream split over `data` by batch."""
+  if mesh is None or int(mesh.shape.get("data", 1)) == 1:
+    return x_BLH
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  return jax.lax.with_sharding_constraint(x_BLH, NamedSharding(mesh, P("data")))

@@ -139,11 +139,11 @@ def partition_rules(cfg: LlamaConfig) -> list[tuple[str, Any]]:
   devices. Norm scales are replicated."""
   from jax.sharding import PartitionSpec as P
 
-  del cfg
-  return [(r"attention/(query|key|value)/kernel$", P("fsdp", "heads", "kv")),
-          (r"attention/output/kernel$", P("heads", "kv", "fsdp")),
-          (r"mlp/(gate|up)/kernel$", P("fsdp", "mlp")),
-          (r"mlp/down/kernel$", P("mlp", "fsdp")),
+  layer = (None,) if cfg.model.scan_layers else ()  # the stacked layer axis stays whole
+  return [(r"attention/(query|key|value)/kernel$", P(*layer, "fsdp", "heads", "kv")),
+          (r"attention/output/kernel$", P(*layer, "heads", "kv", "fsdp")),
+          (r"mlp/(gate|up)/kernel$", P(*layer, "fsdp", "mlp")),
+          (r"mlp/down/kernel$", P(*layer, "mlp", "fsdp")),
           (r"embedding/embedding$", P("vocab", "fsdp")),
           (r"output/kernel$", P("fsdp", "vocab"))]
 
