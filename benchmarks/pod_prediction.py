@@ -63,9 +63,10 @@ def measured(folder: Path, unit: str) -> tuple[int, float, int]:
 
 def predicted(workload: str, slice_: str, gbs: int, mesh: str | None, timeout: int) -> dict:
   """mlbench check's report for the full config on the slice (a subprocess per compile)."""
-  devices = _devices(slice_)
+  # Evaluation at the training batch: it divides over the data axis as training does,
+  # and keeps the Transformer's beam search (4 beams, a cache per beam) in memory.
   args = ["check", workload, "--config", "full", "--topology", slice_, "--json",
-          "--set", f"global_batch_size={gbs}", "--set", f"eval_batch_size={devices * 4}"]
+          "--set", f"global_batch_size={gbs}", "--set", f"eval_batch_size={gbs}"]
   if mesh:
     args += ["--mesh", mesh]
   out = subprocess.run([sys.executable, "-c", "import sys; from mlbench.cli import main; "
@@ -75,10 +76,6 @@ def predicted(workload: str, slice_: str, gbs: int, mesh: str | None, timeout: i
   if out.returncode:
     return {"error": (out.stderr.strip().splitlines() or ["?"])[-1]}
   return json.loads(out.stdout)
-
-
-def _devices(slice_: str) -> int:
-  return int(slice_.split("-")[1])  # v2/v3 slices count TensorCores, one JAX device each.
 
 
 def _row(name: str, gbs: int, measured_rate: float | None, report: dict) -> str:

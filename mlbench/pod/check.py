@@ -138,10 +138,12 @@ def _does_not_fit(plan: Any, where: str, error: Exception) -> UserError:
     need = f": {need_b / 2**30:,.1f} GiB of temporaries per device, {have_b / 2**30:,.1f} GiB of HBM"
     # Temporaries grow about linearly with the per-device batch.
     smaller = max(data, int(plan.gbs * have_b / need_b * 0.8) // data * data)
+  batch = (f", or a smaller per-chip batch (--set global_batch_size={smaller})"
+           if smaller < plan.gbs else " (the batch is already one example per data shard)")
   return UserError(
       f"{plan.workload.name} --config {plan.config_name} at global batch {plan.gbs} does not "
       f"fit on {where}{need}; try --weight-update-sharding, a model axis (--mesh data=N,model=M), "
-      f"remat in the config, or a smaller per-chip batch (--set global_batch_size={smaller})")
+      f"remat in the config{batch}")
 
 
 def _compile(plan: Any, where: str) -> Any:

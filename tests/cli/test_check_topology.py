@@ -108,6 +108,7 @@ def test_a_reduced_bert_large_compiles_for_a_v4_slice(mlbench, tmp_path):
   _assert_memory_and_prediction(report)
 
 
+@pytest.mark.slow  # A minute or two: XLA runs out of memory only after compiling.
 def test_an_oversized_batch_does_not_fit_in_one_line(mlbench, tmp_path):
   out = mlbench("check", "resnet50", "--topology", "v5e-1", "--set", "global_batch_size=1048576",
                 "--set", "eval_batch_size=128", cwd=tmp_path)
