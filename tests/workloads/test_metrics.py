@@ -380,3 +380,31 @@ def test_ssd_coco_map_is_pycocotools_on_the_detections(tmp_path):
   expected = _coco_the_usual_way(tmp_path, rows, cfg.model.num_classes)
   assert count == REAL and 0.05 < expected["mAP"] < 0.8
   _assert_same(metrics, expected)
+
+
+# ---------------------------------------------------------------------------------- Llama 3.1
+
+
+def test_llama_log_perplexity_is_numpys_mean_nll_per_token():
+  # Llama's samples are fixed-length windows of seq_length + 1 tokens over concatenated
+  # documents, scored on every position (the reference's eod_mask_loss is off, so there
+  # is no loss mask): every example predicts seq_length tokens and no per-example token
+  # count can differ. What can go wrong is the token count, the reduction axis and
+  # padded sequences.
+  from workloads.llama31_8b.input_pipeline import TOKENS
+  from workloads.llama31_8b.model import Llama
+
+  c = _compile("llama31_8b")
+  batch = c.workload.synthetic_batch(c.cfg, Split.EVAL, REAL + BATCH, np.random.default_rng(5))
+  tokens = batch[TOKENS]
+  logits = jax.jit(lambda t: Llama(c.cfg.model).apply({"params": c.params}, t))(tokens[:, :-1])
+  nll = -np.take_along_axis(_log_softmax(logits), tokens[:, 1:, None], -1)[..., 0]
+  # Padded rows: the sequences the model finds easiest, so counting them lowers the NLL.
+  order = np.argsort(nll.sum(1))
+  real, pad = order[BATCH:], order[:BATCH]
+  metrics, count = _harness_eval(c, {TOKENS: tokens[real]}, {TOKENS: tokens[pad]})
+
+  log_ppl = nll[real].sum() / nll[real].size
+  assert nll.shape[1] == c.cfg.data.seq_length
+  assert count == REAL and nll.mean() < log_ppl - 1e-4
+  _assert_same(metrics, {"log_perplexity": log_ppl, "perplexity": np.exp(log_ppl)})
