@@ -35,7 +35,8 @@ def test_overrides_are_parsed_as_the_declared_types():
 
 @pytest.mark.parametrize("assignment, message", [
     ("global_batch_sise=3", "unknown config key 'global_batch_sise'; valid keys here: data, "
-                            "eval_batch_size, global_batch_size, model, optimizer, train_epochs"),
+                            "eval_batch_size, eval_offset_epochs, global_batch_size, model, "
+                            "optimizer, train_epochs"),
     ("optimizer.lr=1", "unknown config key 'optimizer.lr'"),
     ("optimizer=1", "config key 'optimizer' is a section; set one of: optimizer.name"),
     ("global_batch_size=big", "global_batch_size must be an int; got 'big'"),
@@ -92,4 +93,5 @@ def test_flatten_lists_every_leaf_with_enum_values():
   import dataclasses
   cfg = mini()
   leaves = sum(len(dataclasses.fields(getattr(cfg, s))) for s in ("model", "data", "optimizer"))
-  assert "model" not in flat and len(flat) == leaves + 3  # + batch sizes and train_epochs
+  # + the two batch sizes, train_epochs and eval_offset_epochs.
+  assert "model" not in flat and len(flat) == leaves + 4
