@@ -8,8 +8,9 @@ the shards without a receipt; half-written files never carry a final name. When 
 shard is finished the receipts are gathered into `mlbench-data.json`, the manifest
 `mlbench data verify` checks against.
 
-Shards run in worker processes started with `spawn` (TensorFlow and the tokenizers'
-thread pools do not survive a `fork`); one worker runs in this process. A file that
+Shards run in worker processes forked by a `forkserver` that has imported what the
+writer needs and run nothing (TensorFlow and the tokenizers' thread pools do not
+survive a fork of a process that has used them); one worker runs in this process. A file that
 cannot be read is listed in the shard's receipt and the job goes on.
 """
 
@@ -126,15 +127,18 @@ def _progress(console: Any, unit: str):
 
 
 def run(shards: Sequence[Shard], work: Callable[[Any, list[Path]], Written], out: Path, *,
-        workers: int, description: str, unit: str, console: Any = None) -> Summary:
+        workers: int, description: str, unit: str, console: Any = None,
+        preload: Sequence[str] = ()) -> Summary:
   """Writes every unfinished shard (`workers` processes), then the manifest of all of them.
 
-  `work` must be a module-level function (workers import it by name).
+  `work` must be a module-level function (workers import it by name); `preload` names
+  modules the fork server imports once for all workers (TensorFlow, for the writers
+  that need it).
   """
   out = Path(out)
   (out / RECEIPTS).mkdir(parents=True, exist_ok=True)
   with _lock(out):
-    return _run_locked(shards, work, out, workers, description, unit, console)
+    return _run_locked(shards, work, out, workers, description, unit, console, preload)
 
 
 @contextlib.contextmanager
@@ -154,7 +158,7 @@ def _lock(out: Path) -> Iterator[None]:
     yield
 
 
-def _run_locked(shards, work, out, workers, description, unit, console) -> Summary:
+def _run_locked(shards, work, out, workers, description, unit, console, preload) -> Summary:
   import time
 
   todo = [s for s in shards if not is_finished(out, s)]
@@ -180,16 +184,20 @@ def _run_locked(shards, work, out, workers, description, unit, console) -> Summa
       for shard in todo:
         done(shard, _run_one(work, str(out), shard))
     else:
-      _run_parallel(todo, work, out, workers, done)
+      _run_parallel(todo, work, out, workers, done, preload)
   summary.seconds = time.perf_counter() - start
   summary.records = write_manifest(out, shards)
   return summary
 
 
 def _run_parallel(todo: Sequence[Shard], work: Callable, out: Path, workers: int,
-                  done: Callable[[Shard, dict], None]) -> None:
+                  done: Callable[[Shard, dict], None], preload: Sequence[str]) -> None:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # workers inherit it: no TF chatter
-  context = multiprocessing.get_context("spawn")
+  # A fork server that has imported the writer's module (and so TensorFlow, where the
+  # writer needs it) forks each worker: one import instead of one per worker (20 s each
+  # on a busy 2-core box), and no worker inherits this process's threads.
+  context = multiprocessing.get_context("forkserver")
+  context.set_forkserver_preload([work.__module__] + list(preload))
   with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
     pending = {pool.submit(_run_one, work, str(out), s): s for s in todo}
     while pending:

@@ -140,7 +140,7 @@ def _bytes(out: Path) -> dict[str, bytes]:
   return {p.name: p.read_bytes() for p in out.glob("*-of-*")}
 
 
-@pytest.mark.slow  # two spawned workers each import TensorFlow: about 40 s on 2 busy cores
+@pytest.mark.slow  # the fork server imports TensorFlow: about 20 s on 2 busy cores
 def test_two_workers_write_the_bytes_one_writes(raw, prepared, tmp_path):
   out = tmp_path / "out"
   assert _prepare(raw, out, "--workers", "2") == 0
