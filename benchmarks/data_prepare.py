@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-import common  # noqa: E402
+import common
 
-from mlbench.datasets import c4, imagenet, shards  # noqa: E402
+from mlbench.datasets import c4, imagenet, shards
 
 
 def _images(root: Path, n: int, classes: int = 8) -> Path:

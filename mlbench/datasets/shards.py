@@ -116,8 +116,14 @@ def _run_one(work: Callable[[Any, list[Path]], Written], out: str, shard: Shard)
 
 
 def _progress(console: Any, unit: str):
-  from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn,
-                             TextColumn, TimeElapsedColumn, TimeRemainingColumn)
+  from rich.progress import (
+    BarColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+  )
 
   return Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
                   TextColumn("{task.fields[shards]} shards"),
@@ -158,7 +164,8 @@ def _lock(out: Path) -> Iterator[None]:
     yield
 
 
-def _run_locked(shards, work, out, workers, description, unit, console, preload) -> Summary:
+def _run_locked(shards: Sequence[Shard], work: Callable, out: Path, workers: int,
+                description: str, unit: str, console: Any, preload: Sequence[str]) -> Summary:
   import time
 
   todo = [s for s in shards if not is_finished(out, s)]

@@ -13,8 +13,7 @@ import pytest
 
 from mlbench.cli import main
 
-WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing "
-         "matches near the old river bank under grey skies").split()
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards", "quietly", "judge", "boxing", "matches", "near", "the", "old", "river", "bank", "under", "grey", "skies"]
 
 
 def _texts(n: int, seed: int) -> list[str]:
@@ -113,7 +112,7 @@ def test_an_interrupted_prepare_resumes_byte_identically(raw, tmp_path, capsys):
 
 
 def test_an_unreadable_file_is_listed_and_the_rest_is_written(raw, tmp_path, capsys):
-  raw_dir, tok_path, texts = raw
+  raw_dir, tok_path, _ = raw
   mixed = tmp_path / "mixed"
   mixed.mkdir()
   for p in raw_dir.glob("*.json.gz"):
@@ -184,7 +183,8 @@ def test_one_train_step_of_llama_on_the_prepared_tokens(raw, tmp_path):
   cut to the test tokenizer's), through the harness's compiled train step."""
   import jax
 
-  from mlbench.train import data, mesh as mesh_lib, steps
+  from mlbench.train import data, steps
+  from mlbench.train import mesh as mesh_lib
   from mlbench.workload import Split, StepContext
   from workloads.llama31_8b import WORKLOAD, config, input_pipeline
   from workloads.llama31_8b.config import Source

@@ -257,7 +257,8 @@ def test_one_train_step_of_resnet50_on_the_prepared_records(prepared):
   """The full config's ResNet-50 at 32x32 pixels, through the harness's compiled step."""
   import jax
 
-  from mlbench.train import data, mesh as mesh_lib, steps
+  from mlbench.train import data, steps
+  from mlbench.train import mesh as mesh_lib
   from mlbench.workload import Split, StepContext
   from workloads.resnet50 import WORKLOAD, config, input_pipeline
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -50,3 +48,7 @@ def test_verify_wmt_finds_a_wrong_feature_type(tmp_path, capsys):
   capsys.readouterr()
   assert main(["data", "verify", "wmt", str(tmp_path)]) == 1
   assert "wrong: inputs (float), targets (bytes)" in capsys.readouterr().out
+  records.write(tmp_path / "translate_ende_wmt32k-dev-00000-of-00001", [good])
+  (tmp_path / "translate_ende_wmt32k-train-00000-of-00001").write_bytes(b"\x00" * 40)
+  assert main(["data", "verify", "wmt", str(tmp_path)]) == 1
+  assert "translate_ende_wmt32k-train-00000-of-00001: DataLossError" in capsys.readouterr().out
