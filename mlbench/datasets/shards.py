@@ -199,18 +199,40 @@ def _run_locked(shards: Sequence[Shard], work: Callable, out: Path, workers: int
 
 def _run_parallel(todo: Sequence[Shard], work: Callable, out: Path, workers: int,
                   done: Callable[[Shard, dict], None], preload: Sequence[str]) -> None:
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # workers inherit it: no TF chatter
+  # Workers inherit these (through the fork server, which starts with the first pool): no
+  # TF chatter, and the tokenizers' thread pools share the cores instead of each taking all.
+  env = {"TF_CPP_MIN_LOG_LEVEL": "2",
+         "RAYON_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
+  saved = {k: os.environ.get(k) for k in env}
+  os.environ.update({k: v for k, v in env.items() if saved[k] is None})
+  try:
+    _pool(todo, work, out, workers, done, preload)
+  finally:
+    for k, v in saved.items():
+      if v is None:
+        os.environ.pop(k, None)
+
+
+def _pool(todo: Sequence[Shard], work: Callable, out: Path, workers: int,
+          done: Callable[[Shard, dict], None], preload: Sequence[str]) -> None:
   # A fork server that has imported the writer's module (and so TensorFlow, where the
   # writer needs it) forks each worker: one import instead of one per worker (20 s each
   # on a busy 2-core box), and no worker inherits this process's threads.
   context = multiprocessing.get_context("forkserver")
   context.set_forkserver_preload([work.__module__] + list(preload))
-  with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+  pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+  try:
     pending = {pool.submit(_run_one, work, str(out), s): s for s in todo}
     while pending:
       finished, _ = wait(pending, return_when=FIRST_COMPLETED)
       for future in finished:
         done(pending.pop(future), future.result())
+  except BaseException:
+    # An interrupt: drop the queued shards rather than finish them all first; the shards
+    # being written are lost to their temporary names and rewritten by the next run.
+    pool.shutdown(wait=False, cancel_futures=True)
+    raise
+  pool.shutdown()
 
 
 def write_manifest(out: Path, shards: Sequence[Shard]) -> int:
