@@ -57,7 +57,7 @@ def prepare_cmd(dataset: str, raw: Path | None, out: Path | None, workers: int, 
     _show_plan(console, job, out)
     return 0
   summary = shards.run(job.shards, job.work, out, workers=workers, description=job.description,
-                       unit=job.unit, console=console)
+                       unit=job.unit, console=console, preload=job.preload)
   return _report(console, summary, job, out)
 
 

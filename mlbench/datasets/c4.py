@@ -75,7 +75,7 @@ def load_tokenizer(path: Path, eod: str | None) -> tuple[int, int | None]:
                     "of the model (for Llama 3.1 8B, the one in its checkpoint folder)")
   try:
     tok = _tokenizer(str(path))
-  except Exception as e:  # the Rust library's error types are not importable
+  except Exception as e:  # noqa: BLE001 - the Rust library raises plain Exception
     raise UserError(f"--tokenizer {path} is not a Hugging Face tokenizer.json ({e})") from None
   vocab = tok.get_vocab_size(with_added_tokens=True)
   if eod == "none":

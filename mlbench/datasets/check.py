@@ -154,6 +154,8 @@ def _checksum_row(name: str, folder: Path, listed: dict[str, dict]) -> Row:
 
 
 def _schema_row(spec: SplitSpec, path: Path) -> Row:
+  from google.protobuf.message import DecodeError
+
   from mlbench.datasets import records
 
   t = records.tf()
@@ -163,7 +165,7 @@ def _schema_row(spec: SplitSpec, path: Path) -> Row:
     if first is None:
       return Row(f"{spec.name} schema", want, f"{path.name} is empty", None)
     feature = t.train.Example.FromString(first.numpy()).features.feature
-  except Exception as e:  # a corrupt file: TF raises DataLossError, protobuf DecodeError
+  except (t.errors.OpError, DecodeError) as e:  # a corrupt file: TF's DataLossError, ...
     return Row(f"{spec.name} schema", want, f"{path.name}: {type(e).__name__}", False)
   kinds = {k: {"bytes_list": BYTES, "int64_list": INT, "float_list": FLOAT}.get(
       feature[k].WhichOneof("kind")) for k in feature}

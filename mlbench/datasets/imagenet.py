@@ -134,8 +134,9 @@ def plan(raw: Path, options: dict) -> list[shards.Shard]:
   train = train_images(raw) if has["train"] else []
   val = val_images(raw, options.get("val_labels")) if has["val"] else []
   labels = {w: i + 1 for i, w in enumerate(sorted({w for _, w in train + val}))}
-  return (_shards("train", train, labels, options.get("train_shards") or 1024)
-          + _shards("validation", val, labels, options.get("val_shards") or 128))
+  # A split that is not there gets no files (not empty ones).
+  return ((_shards("train", train, labels, options.get("train_shards") or 1024) if train else [])
+          + (_shards("validation", val, labels, options.get("val_shards") or 128) if val else []))
 
 
 def write_shard(task: Task, tmps: list[Path]) -> shards.Written:

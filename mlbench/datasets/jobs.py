@@ -29,6 +29,7 @@ class Job:
   work: Callable[[Any, list[Path]], shards.Written]
   unit: str
   description: str
+  preload: tuple[str, ...] = ()  # imported once by the fork server, for every worker
 
 
 def job(dataset: str, raw: Path, out: Path, options: dict[str, Any]) -> Job:
@@ -41,14 +42,16 @@ def job(dataset: str, raw: Path, out: Path, options: dict[str, Any]) -> Job:
     if options.get("tokenizer") is None:
       raise UserError("c4 needs --tokenizer PATH (the model's Hugging Face tokenizer.json)")
     return Job(c4.plan(raw, out, options["tokenizer"], options.get("eod")), c4.write_shard,
-               "tokens", "tokenising C4")
+               "tokens", "tokenising C4", ("tokenizers", "workloads.llama31_8b.indexed"))
   if dataset == "imagenet":
     from mlbench.datasets import imagenet
 
-    return Job(imagenet.plan(raw, options), imagenet.write_shard, "images", "encoding ImageNet")
+    return Job(imagenet.plan(raw, options), imagenet.write_shard, "images", "encoding ImageNet",
+               ("mlbench.datasets.records", "tensorflow"))
   if dataset == "coco":
     from mlbench.datasets import coco
 
-    return Job(coco.plan(raw, options), coco.write_shard, "images", "encoding COCO")
+    return Job(coco.plan(raw, options), coco.write_shard, "images", "encoding COCO",
+               ("mlbench.datasets.records", "tensorflow"))
   raise UserError(f"unknown dataset {dataset!r}; choose from "
                   f"{', '.join(PREPARED + tuple(ELSEWHERE))}")

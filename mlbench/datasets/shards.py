@@ -8,8 +8,9 @@ the shards without a receipt; half-written files never carry a final name. When 
 shard is finished the receipts are gathered into `mlbench-data.json`, the manifest
 `mlbench data verify` checks against.
 
-Shards run in worker processes started with `spawn` (TensorFlow and the tokenizers'
-thread pools do not survive a `fork`); one worker runs in this process. A file that
+Shards run in worker processes forked by a `forkserver` that has imported what the
+writer needs and run nothing (TensorFlow and the tokenizers' thread pools do not
+survive a fork of a process that has used them); one worker runs in this process. A file that
 cannot be read is listed in the shard's receipt and the job goes on.
 """
 
@@ -115,8 +116,14 @@ def _run_one(work: Callable[[Any, list[Path]], Written], out: str, shard: Shard)
 
 
 def _progress(console: Any, unit: str):
-  from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn,
-                             TextColumn, TimeElapsedColumn, TimeRemainingColumn)
+  from rich.progress import (
+    BarColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+  )
 
   return Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
                   TextColumn("{task.fields[shards]} shards"),
@@ -126,15 +133,18 @@ def _progress(console: Any, unit: str):
 
 
 def run(shards: Sequence[Shard], work: Callable[[Any, list[Path]], Written], out: Path, *,
-        workers: int, description: str, unit: str, console: Any = None) -> Summary:
+        workers: int, description: str, unit: str, console: Any = None,
+        preload: Sequence[str] = ()) -> Summary:
   """Writes every unfinished shard (`workers` processes), then the manifest of all of them.
 
-  `work` must be a module-level function (workers import it by name).
+  `work` must be a module-level function (workers import it by name); `preload` names
+  modules the fork server imports once for all workers (TensorFlow, for the writers
+  that need it).
   """
   out = Path(out)
   (out / RECEIPTS).mkdir(parents=True, exist_ok=True)
   with _lock(out):
-    return _run_locked(shards, work, out, workers, description, unit, console)
+    return _run_locked(shards, work, out, workers, description, unit, console, preload)
 
 
 @contextlib.contextmanager
@@ -154,7 +164,8 @@ def _lock(out: Path) -> Iterator[None]:
     yield
 
 
-def _run_locked(shards, work, out, workers, description, unit, console) -> Summary:
+def _run_locked(shards: Sequence[Shard], work: Callable, out: Path, workers: int,
+                description: str, unit: str, console: Any, preload: Sequence[str]) -> Summary:
   import time
 
   todo = [s for s in shards if not is_finished(out, s)]
@@ -180,22 +191,48 @@ def _run_locked(shards, work, out, workers, description, unit, console) -> Summa
       for shard in todo:
         done(shard, _run_one(work, str(out), shard))
     else:
-      _run_parallel(todo, work, out, workers, done)
+      _run_parallel(todo, work, out, workers, done, preload)
   summary.seconds = time.perf_counter() - start
   summary.records = write_manifest(out, shards)
   return summary
 
 
 def _run_parallel(todo: Sequence[Shard], work: Callable, out: Path, workers: int,
-                  done: Callable[[Shard, dict], None]) -> None:
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # workers inherit it: no TF chatter
-  context = multiprocessing.get_context("spawn")
-  with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+                  done: Callable[[Shard, dict], None], preload: Sequence[str]) -> None:
+  # Workers inherit these (through the fork server, which starts with the first pool): no
+  # TF chatter, and the tokenizers' thread pools share the cores instead of each taking all.
+  env = {"TF_CPP_MIN_LOG_LEVEL": "2",
+         "RAYON_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
+  saved = {k: os.environ.get(k) for k in env}
+  os.environ.update({k: v for k, v in env.items() if saved[k] is None})
+  try:
+    _pool(todo, work, out, workers, done, preload)
+  finally:
+    for k, v in saved.items():
+      if v is None:
+        os.environ.pop(k, None)
+
+
+def _pool(todo: Sequence[Shard], work: Callable, out: Path, workers: int,
+          done: Callable[[Shard, dict], None], preload: Sequence[str]) -> None:
+  # A fork server that has imported the writer's module (and so TensorFlow, where the
+  # writer needs it) forks each worker: one import instead of one per worker (20 s each
+  # on a busy 2-core box), and no worker inherits this process's threads.
+  context = multiprocessing.get_context("forkserver")
+  context.set_forkserver_preload([work.__module__] + list(preload))
+  pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+  try:
     pending = {pool.submit(_run_one, work, str(out), s): s for s in todo}
     while pending:
       finished, _ = wait(pending, return_when=FIRST_COMPLETED)
       for future in finished:
         done(pending.pop(future), future.result())
+  except BaseException:
+    # An interrupt: drop the queued shards rather than finish them all first; the shards
+    # being written are lost to their temporary names and rewritten by the next run.
+    pool.shutdown(wait=False, cancel_futures=True)
+    raise
+  pool.shutdown()
 
 
 def write_manifest(out: Path, shards: Sequence[Shard]) -> int:

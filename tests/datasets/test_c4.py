@@ -13,8 +13,7 @@ import pytest
 
 from mlbench.cli import main
 
-WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing "
-         "matches near the old river bank under grey skies").split()
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards", "quietly", "judge", "boxing", "matches", "near", "the", "old", "river", "bank", "under", "grey", "skies"]
 
 
 def _texts(n: int, seed: int) -> list[str]:
@@ -113,7 +112,7 @@ def test_an_interrupted_prepare_resumes_byte_identically(raw, tmp_path, capsys):
 
 
 def test_an_unreadable_file_is_listed_and_the_rest_is_written(raw, tmp_path, capsys):
-  raw_dir, tok_path, texts = raw
+  raw_dir, tok_path, _ = raw
   mixed = tmp_path / "mixed"
   mixed.mkdir()
   for p in raw_dir.glob("*.json.gz"):
@@ -184,7 +183,8 @@ def test_one_train_step_of_llama_on_the_prepared_tokens(raw, tmp_path):
   cut to the test tokenizer's), through the harness's compiled train step."""
   import jax
 
-  from mlbench.train import data, mesh as mesh_lib, steps
+  from mlbench.train import data, steps
+  from mlbench.train import mesh as mesh_lib
   from mlbench.workload import Split, StepContext
   from workloads.llama31_8b import WORKLOAD, config, input_pipeline
   from workloads.llama31_8b.config import Source
@@ -207,3 +207,37 @@ def test_one_train_step_of_llama_on_the_prepared_tokens(raw, tmp_path):
                                mesh_lib.to_global(batch, programs.batch_sharding, 8))
   loss = float(jax.device_get(sums)["loss"])
   assert np.isfinite(loss) and int(jax.device_get(state.step)) == 1
+
+
+def test_a_killed_prepare_resumes_byte_identically(raw, tmp_path):
+  """SIGKILL to the whole job (main process and workers) once some shards are done."""
+  import os
+  import signal
+  import subprocess
+  import sys
+  import time
+
+  tok_path = raw[1]
+  many = tmp_path / "many"
+  many.mkdir()
+  body = "".join(json.dumps({"text": t}) + "\n" for t in _texts(400, 9))
+  for i in range(40):
+    (many / f"c4-train.{i:05d}-of-01024.json").write_text(body)
+  whole, out = tmp_path / "whole", tmp_path / "out"
+  assert _prepare(many, whole, tok_path, "--workers", "1") == 0
+  args = [sys.executable, "-c", "import sys; from mlbench.cli import main; sys.exit(main())",
+          "data", "prepare", "c4", "--raw", str(many), "--out", str(out), "--tokenizer",
+          str(tok_path), "--workers", "2"]
+  job = subprocess.Popen(args, start_new_session=True, stderr=subprocess.DEVNULL)
+  receipts = out / ".mlbench"
+  deadline = time.monotonic() + 120
+  while time.monotonic() < deadline and job.poll() is None and (
+      len(list(receipts.glob("*.json"))) < 3 if receipts.is_dir() else True):
+    time.sleep(0.005)
+  os.killpg(job.pid, signal.SIGKILL)
+  job.wait()
+  done = len(list(receipts.glob("*.json")))
+  assert 3 <= done < 40, f"the job was not caught mid-way ({done} of 40 shards done)"
+  assert _prepare(many, out, tok_path, "--workers", "2") == 0
+  assert _bytes(out) == _bytes(whole) and len(_bytes(out)) == 80
+  assert not list(out.glob(".*tmp*"))

@@ -140,7 +140,7 @@ def _bytes(out: Path) -> dict[str, bytes]:
   return {p.name: p.read_bytes() for p in out.glob("*-of-*")}
 
 
-@pytest.mark.slow  # two spawned workers each import TensorFlow: about 40 s on 2 busy cores
+@pytest.mark.slow  # the fork server imports TensorFlow: about 20 s on 2 busy cores
 def test_two_workers_write_the_bytes_one_writes(raw, prepared, tmp_path):
   out = tmp_path / "out"
   assert _prepare(raw, out, "--workers", "2") == 0
@@ -250,3 +250,30 @@ def test_labels_for_other_images_are_one_line(tmp_path, capsys):
   assert _prepare(raw, tmp_path / "out") == 2
   err = capsys.readouterr().err
   assert "labels 1 validation images but" in err and err.count("\n") == 1
+
+
+@pytest.mark.slow  # compiling ResNet-50 on the CPU takes about a minute
+def test_one_train_step_of_resnet50_on_the_prepared_records(prepared):
+  """The full config's ResNet-50 at 32x32 pixels, through the harness's compiled step."""
+  import jax
+
+  from mlbench.train import data, steps
+  from mlbench.train import mesh as mesh_lib
+  from mlbench.workload import Split, StepContext
+  from workloads.resnet50 import WORKLOAD, config, input_pipeline
+
+  full = config.full()
+  cfg = dataclasses.replace(full, global_batch_size=8, data=dataclasses.replace(
+      full.data, image_size=32, eval_resize=36))
+  sched = WORKLOAD.schedule(cfg)
+  mesh = mesh_lib.make_mesh()
+  programs = steps.compile_programs(WORKLOAD, cfg, sched, mesh, StepContext(mesh=mesh),
+                                    WORKLOAD.optimizer(cfg, sched))
+  ds = data.train_dataset(input_pipeline.files(cfg, prepared, Split.TRAIN),
+                          input_pipeline.decode(cfg, Split.TRAIN), per_host_batch=8, seed=0,
+                          host=0, hosts=1)
+  batch = next(data.numpy_batches(ds))
+  state, sums = programs.train(programs.init_state(0), programs.fresh_sums(),
+                               mesh_lib.to_global(batch, programs.batch_sharding, 8))
+  assert np.isfinite(float(jax.device_get(sums)["loss"]))
+  assert int(jax.device_get(state.step)) == 1
