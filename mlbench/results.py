@@ -121,6 +121,15 @@ def pending_logs(folder: Path) -> tuple[list[Path], list[Path]]:
   return stale, live
 
 
+def published_as(pending: Path) -> Path | None:
+  """The result_<i>.txt that `pending` is a hard link of: its run was killed inside
+  `publish`, after the link and before the pending name was removed."""
+  for result in result_files(pending.parent):
+    if os.path.samefile(result, pending):
+      return result
+  return None
+
+
 def shelve(pending: Path, folder: Path) -> Path:
   """Moves a pending log into its run folder as `partial.log`; never overwrites.
 

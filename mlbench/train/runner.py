@@ -143,6 +143,12 @@ def _tidy(plan: Plan, console: Console) -> None:
   folder = results.benchmark_dir(plan.rc.results_dir, plan.system, plan.workload.benchmark)
   stale, live = results.pending_logs(folder)
   for pending in stale:
+    twin = results.published_as(pending)
+    if twin is not None:  # Its run finished: the pending name is only a second name.
+      pending.unlink()
+      console.print(f"note: removed {pending.name}, left by a run killed while publishing "
+                    f"its log as {twin.name}", highlight=False)
+      continue
     kept = results.shelve(pending, results.run_folder(
         plan.rc.results_dir, plan.system, plan.workload.benchmark, results.run_id(pending)))
     console.print(f"note: {pending.name} was left by a run that no longer runs; its log is "
@@ -186,6 +192,23 @@ def _saver(plan: Plan, run: Run) -> tuple[checkpoint.RunSaver | None, Path]:
   return checkpoint.RunSaver(ckpt_dir, rc.checkpoint_every), folder
 
 
+def _refuse_if_published(plan: Plan, saver: checkpoint.RunSaver) -> None:
+  """A run killed after its log became a result_<i>.txt but before finished.json was
+  written is filed already: resuming it would count it twice. Its result begins with
+  the log saved in its last checkpoint (timestamps and seed make that prefix unique).
+  """
+  prefix = saver.meta["log"].encode()
+  folder = results.benchmark_dir(plan.rc.results_dir, plan.system, plan.workload.benchmark)
+  for log in results.result_files(folder) if prefix else []:
+    with open(log, "rb") as f:
+      if f.read(len(prefix)) != prefix:
+        continue
+    checkpoint.write_new(saver.directory / checkpoint.FINISHED_FILE,
+                         json.dumps({"log": str(log)}) + "\n")
+    raise UserError(f"--resume {saver.directory}: that run already finished ({log}); start a "
+                    "new run instead")
+
+
 def _one(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch) -> Outcome:
   with signals.StopOnSignals():  # Before the log exists: a signal never finds it unguarded.
     return _guarded_one(plan, run, console, watch)
@@ -194,6 +217,8 @@ def _one(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch) -> Outc
 def _guarded_one(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch) -> Outcome:
   leader = plan.runtime.is_leader
   saver, folder = _saver(plan, run)
+  if leader and saver is not None and saver.resuming:
+    _refuse_if_published(plan, saver)
   pending = (results.pending_log(plan.rc.results_dir, plan.system, plan.workload.benchmark,
                                  run.run_id) if leader else None)
   log = MLLog(pending, prefix=saver.meta["log"] if saver and saver.resuming else "")

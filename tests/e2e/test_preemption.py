@@ -33,7 +33,7 @@ def _wait_for(predicate, timeout: float = 600) -> None:
   deadline = time.time() + timeout
   while not predicate():
     assert time.time() < deadline, "timed out"
-    time.sleep(0.1)
+    time.sleep(0.01)  # The save of a checkpoint is visible for ~0.1 s.
 
 
 def _runs(cwd: Path) -> Path:
@@ -142,30 +142,131 @@ def test_a_second_ctrl_c_exits_at_once(data_dir, tmp_path):
   assert results.result_files(_bench(tmp_path)) == []
 
 
-def _pending_has(cwd: Path, key: str) -> bool:
+def _pending_text(cwd: Path, pid: int) -> str:
+  """What the log of process `pid` holds so far, while it is pending ("" otherwise)."""
   folder = _bench(cwd)
-  return folder.is_dir() and any(f'"key": "{key}"' in p.read_text()
-                                 for p in folder.glob("pending_*.log"))
+  for p in folder.glob(f"pending_{pid}_*.log") if folder.is_dir() else []:
+    try:
+      return p.read_text()
+    except OSError:  # Published or shelved just now.
+      pass
+  return ""
+
+
+def _logged(key: str):
+  return lambda cwd, pid: f'"key": "{key}"' in _pending_text(cwd, pid)
+
+
+# Moments of a run, as seen from outside, at which a fault is injected.
+MOMENTS = {
+    # The log exists, init_start is not logged yet: process setup before the clock starts.
+    "init": lambda cwd, pid: any(_bench(cwd).glob(f"pending_{pid}_*.log"))
+                             and '"init_start"' not in _pending_text(cwd, pid),
+    # The XLA compile of init, train and eval (~30 s of the mini's init).
+    "compile": _logged("mlbench_ruleset"),
+    # Training, just after the checkpoint of step 5.
+    "training": lambda cwd, pid: any(_runs(cwd).glob("*/checkpoints/5/commit_success.txt")),
+    # The asynchronous save of step 10, in flight in its orbax tmp folder.
+    "checkpoint": lambda cwd, pid: any(_runs(cwd).glob("*/checkpoints/10.orbax-checkpoint-tmp*")),
+    # The evaluation at the end of the epoch (after the checkpoint of step 20).
+    "eval": _logged("eval_start"),
+    # run_stop is logged: the log is about to be published as result_0.txt.
+    "publish": _logged("run_stop"),
+}
+
+
+def _kill_at(cwd: Path, proc: subprocess.Popen, when: str, signum: int) -> None:
+  """Sends `signum` at the moment `when`; checks how the process ended."""
+  _wait_for(lambda: MOMENTS[when](cwd, proc.pid) or proc.poll() is not None)
+  assert proc.poll() is None, f"the run ended before the {when} moment"
+  t0 = time.time()
+  proc.send_signal(signum)
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == (128 + signum if signum == signal.SIGTERM else -signum), err[-3000:]
+  if signum == signal.SIGTERM:
+    assert time.time() - t0 < 10, err[-2000:]
+
+
+def _budget_rule():
+  """The mini rules with the target at 0: the one-epoch run ends on its budget, below the
+  mini's target; the official checker holds its log to every other rule."""
+  import dataclasses
+
+  from mlbench import rules
+
+  rule = rules.load("resnet", "mini")
+  return dataclasses.replace(rule, quality=dataclasses.replace(rule.quality, target=0.0))
+
+
+def _only_complete_results(cwd: Path, mlbench, official_check) -> list[str]:
+  """The result files, each complete and passing the official checker; `validate` agrees
+  when there is none (it counts no pending log, partial log or checkpoint)."""
+  found = results.result_files(_bench(cwd))
+  for log in found:
+    official_check(log, _budget_rule())
+  if not found:
+    out = mlbench("validate", str(cwd / "results"), cwd=cwd, timeout=300)
+    assert "runs: no result_*.txt files" in out.stderr, out.stderr[-2000:]
+  return [p.name for p in found]
+
+
+def _as_if_killed_inside_publish(cwd: Path, folder: Path) -> None:
+  """Puts a published run back as a SIGKILL inside `publish` leaves it, microseconds after
+  the hard link to result_0.txt and before the pending name is gone and finished.json is
+  written: a window too short to hit from outside, so its state is made by hand."""
+  (folder / "checkpoints" / "finished.json").unlink()
+  gone = subprocess.Popen(["true"])
+  gone.wait()
+  [result] = results.result_files(_bench(cwd))
+  os.link(result, _bench(cwd) / f"pending_{gone.pid}_{folder.name}.log")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["TERM", "KILL"])
-@pytest.mark.parametrize("when", ["init_start", "eval_start"])
-def test_a_run_killed_anywhere_leaves_no_result_and_nothing_counted(data_dir, tmp_path, mlbench,
-                                                                    signum, when):
-  """Killed during init and compile, or during an evaluation (after 2 checkpoints)."""
+@pytest.mark.parametrize("when", ["init", "compile"])
+def test_a_run_killed_before_its_first_step_leaves_nothing_to_count(data_dir, tmp_path, mlbench,
+                                                                    official_check, signum, when):
   proc = _start(tmp_path, *ARGS, "--data-dir", str(data_dir), "--cpu-devices", "8")
-  _wait_for(lambda: _pending_has(tmp_path, when) or proc.poll() is not None)
-  proc.send_signal(signum)
-  proc.communicate(timeout=60)
-  assert proc.returncode == (128 + signum if signum == signal.SIGTERM else -signum)
-  assert results.result_files(_bench(tmp_path)) == []
-  out = mlbench("validate", str(tmp_path / "results"), cwd=tmp_path, timeout=300)
-  assert "runs: no result_*.txt files" in out.stderr, out.stderr[-2000:]
-  if when == "eval_start":  # The checkpoints of steps 5 .. 20 let the run finish.
+  _kill_at(tmp_path, proc, when, signum)
+  assert _only_complete_results(tmp_path, mlbench, official_check) == []
+  [folder] = list(_runs(tmp_path).iterdir())
+  out = mlbench("run", "resnet50", "--resume", str(folder), cwd=tmp_path)
+  assert out.returncode == 2 and "before its first checkpoint" in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["TERM", "KILL"])
+def test_a_run_killed_anywhere_resumes_to_one_complete_result(data_dir, tmp_path, mlbench,
+                                                              official_check, signum):
+  """One run killed in training, in a checkpoint save, in an evaluation and while publishing,
+  resumed after each kill (SIGTERM saves the last step; SIGKILL loses the steps since the last
+  save, and leaves the save in flight half-written): after every kill only complete, compliant
+  results are counted, and in the end the run is filed once, as result_0.txt."""
+  resume = ["run", "resnet50", "--data-dir", str(data_dir), "--cpu-devices", "8", "--resume"]
+  proc = _start(tmp_path, *ARGS, "--data-dir", str(data_dir), "--cpu-devices", "8")
+  published: list[str] = []
+  for when in ("training", "checkpoint", "eval", "publish"):
+    _kill_at(tmp_path, proc, when, signum)
+    published = _only_complete_results(tmp_path, mlbench, official_check)
     [folder] = list(_runs(tmp_path).iterdir())
-    out = mlbench("run", "resnet50", "--resume", str(folder), "--data-dir", str(data_dir),
-                  "--cpu-devices", "8", cwd=tmp_path)
+    if when != "publish":
+      assert published == []
+      proc = _start(tmp_path, *resume, str(folder))
+  if signum == signal.SIGTERM:  # A stop after run_stop still files the finished run.
+    assert published == ["result_0.txt"]
+  if published:  # Filed: resuming would count the run twice.
+    # One per kill before the publish: kept by the stop, or shelved by the next run.
+    partials = sorted(folder.glob("partial*.log"))
+    assert len(partials) == 3
+    for hand_made in (False, True):
+      if hand_made:
+        _as_if_killed_inside_publish(tmp_path, folder)
+      out = mlbench(*resume, str(folder), cwd=tmp_path)
+      assert out.returncode == 2 and "that run already finished" in out.stderr, out.stderr[-2000:]
+    # The second name of the result is removed, not kept as a partial log.
+    assert "removed pending_" in out.stderr, out.stderr[-2000:]
+    assert sorted(folder.glob("partial*.log")) == partials
+  else:  # Killed before the publish: the last resume evaluates again and files it.
+    out = mlbench(*resume, str(folder), cwd=tmp_path)
     assert out.returncode == 1, out.stderr[-3000:]  # Finished: one epoch is below the target.
     assert json.loads(out.stdout.splitlines()[-1])["samples"] == 1280
-    assert [p.name for p in results.result_files(_bench(tmp_path))] == ["result_0.txt"]
-    assert not list(_bench(tmp_path).glob("pending_*"))
+  assert _only_complete_results(tmp_path, mlbench, official_check) == ["result_0.txt"]
+  assert not list(_bench(tmp_path).glob("pending_*"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 import jax
@@ -44,6 +45,15 @@ def test_concurrent_publishes_never_share_a_name(tmp_path):
     t.join()
   assert sorted(p.name for p in out) == sorted(f"result_{i}.txt" for i in range(16))
   assert sorted(p.read_text() for p in out) == sorted(f"run {i}" for i in range(16))
+
+
+def test_a_pending_name_left_by_a_kill_inside_publish_is_known_as_the_result(tmp_path):
+  pending = _pending(tmp_path, "finished run")
+  other = _pending(tmp_path, "killed run")
+  result = results.publish(pending)
+  os.link(result, pending)  # As a SIGKILL between the link and the unlink leaves it.
+  assert results.published_as(pending) == result
+  assert results.published_as(other) is None
 
 
 @pytest.fixture
