@@ -142,8 +142,17 @@ def _does_not_fit(plan: Any, where: str, error: Exception) -> UserError:
            if smaller < plan.gbs else " (the batch is already one example per data shard)")
   return UserError(
       f"{plan.workload.name} --config {plan.config_name} at global batch {plan.gbs} does not "
-      f"fit on {where}{need}; try --weight-update-sharding, a model axis (--mesh data=N,model=M), "
-      f"remat in the config{batch}")
+      f"fit on {where}{need}; try --weight-update-sharding, a model axis (--mesh data=N,model=M)"
+      f"{remat_hint(plan.cfg)}{batch}")
+
+
+def remat_hint(cfg: Any) -> str:
+  """`, remat (--set model.remat=full)` where the config has that key, else nothing: a hint
+  to set a key the workload lacks would only be refused as unknown."""
+  remat = getattr(getattr(cfg, "model", None), "remat", None)
+  if remat is None or getattr(remat, "value", remat) == "full":
+    return ""
+  return ", remat (--set model.remat=full)"
 
 
 def _compile(plan: Any, where: str) -> Any:
