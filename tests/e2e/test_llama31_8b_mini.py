@@ -119,7 +119,8 @@ def test_check_of_the_full_model_fits_a_32_chip_slice(mlbench, tmp_path):
   # two moments).
   assert report["param_bytes_per_device"] <= report["params"] * 4 / 32 * 1.01
   assert report["opt_state_bytes_per_device"] <= report["opt_state_bytes_total"] / 32 * 1.01
-  train, evaluation = report["programs"]
+  programs = {p["name"]: p for p in report["programs"]}
+  train, evaluation = programs["train step"], programs["eval step"]
   assert train["collectives"]["all-gather"] > 0  # FSDP gathers the weights
   assert train["peak_bytes"] < 40 * 2**30 and evaluation["peak_bytes"] < 16 * 2**30
   assert not list(tmp_path.iterdir())

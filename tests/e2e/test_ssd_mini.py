@@ -68,7 +68,8 @@ def test_the_full_config_compiles_for_8_devices_from_shapes(mlbench, tmp_path):
   assert out.returncode == 0, out.stderr[-3000:]
   report = json.loads(out.stdout)
   assert report["params"] == 19_972_534 and report["mesh"] == {"data": 8}
-  train, evals = report["programs"]
+  programs = {p["name"]: p for p in report["programs"]}
+  train, evals = programs["train step"], programs["eval step"]
   assert train["collectives"]["all-reduce"] > 0 and evals["flops"] > 0
 
 

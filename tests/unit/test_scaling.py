@@ -25,6 +25,24 @@ from workloads.resnet50 import WORKLOAD, config, input_pipeline
 pytestmark = pytest.mark.slow  # Several compilations for 8 devices: about two minutes.
 
 
+def _quiet_start(workload):
+  """ResNet with each block's last batch-norm scale starting at 0 (a config option).
+
+  With the reference's init (every scale 1) a fresh narrow ResNet is chaotic:
+  the rounding differences of a new summation order grow to ~1e-3 relative in 5
+  steps (measured on an AVX-512 Xeon). These tests are about sharding giving the
+  same computation, so they start where the residual branches are silent; the
+  reference init itself is tested in test_resnet50_reference.py.
+  """
+  mini = workload.configs["mini"]
+
+  def quiet():
+    cfg = mini()
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, zero_init_last_bn=True))
+
+  return dataclasses.replace(workload, configs={**workload.configs, "mini": quiet})
+
+
 def _train(workload, mesh_shape, *, wus=False, steps_n=5, devices=None):
   cfg = workload.configs["mini"]()
   sched = workload.schedule(cfg)
@@ -53,7 +71,7 @@ def _assert_same_params(a, b, rtol=1e-5):
 ADAM = dataclasses.replace(WORKLOAD, optimizer=lambda cfg, sched: optax.adam(1e-3))
 
 
-@pytest.mark.parametrize("workload", [WORKLOAD, ADAM, bert.WORKLOAD],
+@pytest.mark.parametrize("workload", [_quiet_start(WORKLOAD), _quiet_start(ADAM), bert.WORKLOAD],
                          ids=["resnet-lars", "resnet-adam", "bert-lamb"])
 def test_weight_update_sharding_is_data_parallelism_with_an_eighth_of_the_state(workload):
   plain, p_plain = _train(workload, {"data": 8})
@@ -92,7 +110,7 @@ TRANSFORMER_SGD = dataclasses.replace(transformer.WORKLOAD,
 RESNET_SGD = dataclasses.replace(WORKLOAD, optimizer=lambda cfg, sched: optax.sgd(0.1))
 
 
-@pytest.mark.parametrize("workload", [RESNET_SGD, bert.WORKLOAD, TRANSFORMER_SGD],
+@pytest.mark.parametrize("workload", [_quiet_start(RESNET_SGD), bert.WORKLOAD, TRANSFORMER_SGD],
                          ids=["resnet50", "bert", "transformer"])
 def test_model_parallelism_by_annotation_is_the_same_computation(workload):
   data_only, _ = _train(workload, {"data": 8})
