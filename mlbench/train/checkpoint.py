@@ -111,7 +111,12 @@ class Checkpoints:
   def final(self) -> int | None:
     """Saves the last step seen (if not saved yet) and waits; returns its step."""
     snap = self._last
-    if snap is None:
+    # With several processes each one acts on its own signal and may stop a step
+    # or two apart from the others: a final save of "my last step" would leave
+    # steps that hold one process's shards only. The periodic saves are at the
+    # same steps everywhere, so a multi-process run keeps the latest of those.
+    if snap is None or jax.process_count() > 1:
+      self._mgr.wait_until_finished()
       return self._mgr.latest_step()
     if snap.step != self._mgr.latest_step():
       self._save(snap)
