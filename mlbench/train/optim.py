@@ -182,3 +182,21 @@ def mlperf_lamb(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, 
       optax.masked(optax.scale_by_trust_ratio(), mask),
       optax.scale_by_learning_rate(learning_rate),
   )
+
+
+def adamw_cosine_hparams(o: Any) -> dict[str, Any]:
+  """The MLPerf 6.x keys of AdamW with linear warmup and cosine decay (the LLM and
+  MoE rules): `o` has base/end learning rate, warmup and max steps, the betas,
+  epsilon, weight decay and clip norm. The decay runs from warmup to max_steps."""
+  return {"opt_name": "adamw",
+          "opt_base_learning_rate": o.base_learning_rate,
+          "opt_end_learning_rate": o.end_learning_rate,
+          "opt_learning_rate_warmup_steps": o.warmup_steps,
+          "opt_learning_rate_decay_steps": o.max_steps - o.warmup_steps,
+          "opt_learning_rate_decay_schedule": "cosine with linear warmup",
+          "opt_adamw_beta_1": o.beta_1,
+          "opt_adamw_beta_2": o.beta_2,
+          "opt_adamw_epsilon": o.epsilon,
+          "opt_adamw_weight_decay": o.weight_decay,
+          "opt_gradient_clip_norm": o.clip_norm,
+          "max_steps": o.max_steps}
