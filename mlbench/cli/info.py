@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import enum
+import json
+
 import click
 
 from mlbench.cli import output
@@ -33,7 +36,11 @@ def list_cmd() -> int:
 @click.option("--config", "config_name", metavar="NAME|PATH",
               help="Describe only this config. [default: every config of the workload]")
 @click.option("--ruleset", metavar="VERSION", help="Rules to show. [default: the config's default]")
-def describe_cmd(workload: str, config_name: str | None, ruleset: str | None) -> int:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object per config (parameters, model FLOPs per example, "
+                   "schedule, hyperparameters, quality target) instead of tables.")
+def describe_cmd(workload: str, config_name: str | None, ruleset: str | None,
+                 as_json: bool) -> int:
   """Configs, hyperparameters, rules, parameter count and FLOPs per example of WORKLOAD."""
   from mlbench import config as config_lib, registry
 
@@ -42,21 +49,59 @@ def describe_cmd(workload: str, config_name: str | None, ruleset: str | None) ->
   console = output.console(stderr=False)
   for name in names:
     shown, cfg = config_lib.load(w, name)
-    _describe_one(console, w, shown, cfg, ruleset)
+    if as_json:
+      click.echo(json.dumps(_description(w, shown, cfg, ruleset), default=_plain))
+    else:
+      _describe_one(console, w, shown, cfg, ruleset)
   return 0
+
+
+def _description(w, name, cfg, ruleset) -> dict:
+  """What `describe --json` prints for one config."""
+  from mlbench import config as config_lib, rules
+  from mlbench.train import steps
+
+  rule = rules.load(w.benchmark, ruleset or rules.default_ruleset(w.benchmark, name, w.rulesets))
+  sched = w.schedule(cfg)
+  return {
+      "workload": w.name, "benchmark": w.benchmark, "config": name,
+      "parameters": steps.count_params(w, cfg),
+      # The analytic count where the workload gives one, else the lowered program's:
+      # the figure every MFU mlbench reports is computed from.
+      "flops_per_example": steps.flops_per_example(w, cfg, _one_device_context()),
+      "schedule": {"global_batch_size": sched.global_batch_size,
+                   "eval_batch_size": sched.eval_batch_size,
+                   "train_examples": sched.train_examples, "eval_examples": sched.eval_examples,
+                   "max_train_samples": sched.max_train_samples, "max_steps": sched.max_steps},
+      "hyperparameters": config_lib.flatten(cfg),
+      "ruleset": rule.ruleset,
+      "quality": {"key": rule.quality.key, "target": rule.quality.target,
+                  "direction": rule.quality.direction.value},
+  }
+
+
+def _plain(value):
+  """JSON for config values json does not know: an enum's value, else its text."""
+  return value.value if isinstance(value, enum.Enum) else str(value)
+
+
+def _one_device_context():
+  from mlbench.train import mesh as mesh_lib
+  from mlbench.workload import StepContext
+
+  return StepContext(mesh=mesh_lib.make_mesh({"data": 1}, devices=_one_device()))
 
 
 def _describe_one(console, w, name, cfg, ruleset) -> None:
   from rich.table import Table
 
   from mlbench import config as config_lib, rules
-  from mlbench.train import mesh as mesh_lib, steps
+  from mlbench.train import steps
   from mlbench.train.plan import harness_hparams
-  from mlbench.workload import StepContext
 
   rule = rules.load(w.benchmark, ruleset or rules.default_ruleset(w.benchmark, name, w.rulesets))
   sched = w.schedule(cfg)
-  ctx = StepContext(mesh=mesh_lib.make_mesh({"data": 1}, devices=_one_device()))
+  ctx = _one_device_context()
   params = steps.count_params(w, cfg)
   flops = steps.flops_per_example(w, cfg, ctx)
   console.rule(f"[bold]{w.name} --config {name}")

@@ -139,8 +139,7 @@ def _report(plan, outcome, console) -> None:
   console.print(
       f"[{color}]run {outcome.index + 1}: {status}[/] in {r.time_to_train_s:.1f} s "
       f"(epoch {r.epoch:g}, {plan.rule.quality.key}={last:.4f}); "
-      f"{r.samples_per_s:,.0f} samples/s ({r.flops_per_s / 1e9:,.1f} model GFLOP/s, MFU "
-      f"{100 * r.mfu:.1f}% of {r.peak_source}); "
+      f"{r.samples_per_s:,.0f} samples/s ({_utilization(r)}); "
       f"init {r.init_s:.1f} s; input wait {wait:.1f}%; optimizer state "
       f"{r.opt_state_bytes / 2**20:,.2f} MiB per device; log {r.log}", highlight=False)
   if r.goodput is not None:
@@ -162,7 +161,8 @@ def _report(plan, outcome, console) -> None:
       "config": plan.config_name, "ruleset": plan.rule.ruleset, "run": outcome.index,
       "seed": r.seed, "status": status, "time_to_train_s": round(r.time_to_train_s, 3),
       "epoch": r.epoch, "samples": r.samples, plan.rule.quality.key: last,
-      "samples_per_s": round(r.samples_per_s, 1), "flops_per_s": round(r.flops_per_s),
+      "samples_per_s": round(r.samples_per_s, 1), "flops_per_example": r.flops_per_example,
+      "flops_per_s": round(r.flops_per_s),
       "mfu": round(r.mfu, 4), "peak_flops_per_s": round(r.peak_flops_per_s),
       "peak_source": r.peak_source,
       "init_s": round(r.init_s, 3),
@@ -172,6 +172,14 @@ def _report(plan, outcome, console) -> None:
       "checkpoints": len(r.checkpoint_saves),
       "log": str(r.log) if r.log else None,
       "compliant": None if check is None else check.passed}))
+
+
+def _utilization(r) -> str:
+  """Model FLOP/s and MFU of a run, from the workload's model FLOPs per example."""
+  if not r.flops_per_example:
+    return "model FLOPs not counted, no MFU"
+  return (f"{r.flops_per_s / 1e9:,.1f} model GFLOP/s, MFU {100 * r.mfu:.1f}% of "
+          f"{r.peak_source}")
 
 
 def _summary(plan, outcomes, console) -> None:

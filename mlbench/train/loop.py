@@ -109,8 +109,6 @@ def run_once(plan: Plan, seed: int, log: MLLog, progress: RunProgress,
   result.time_to_train_s = clock.between("run_start", "run_stop")
   result.goodput = goodput.measure(clock, result)
   result.train_s, result.eval_s = clock.segments["train"], clock.segments["eval"]
-  if not result.flops_per_example and programs.train_flops:  # XLA's count, per device.
-    result.flops_per_example = programs.train_flops * plan.mesh.devices.size / plan.gbs
   return result
 
 

@@ -5,7 +5,7 @@ the lowered, unoptimised gradient: on GPUs the compiled program's count misses
 the cuBLAS/cuDNN calls). The peak is the accelerator table's dense bf16 FLOP/s
 per device times the devices; on a CPU, which has no table entry, it is the
 measured rate of a large float32 matmul on this machine (what
-benchmarks/utilization.py compares against).
+benchmarks/accelerator_step.py compares against on a CPU).
 """
 
 from __future__ import annotations
@@ -64,16 +64,17 @@ def utilization(model_flops_per_s: float, p: Peak) -> float:
 def prepare(plan: Any, result: Any, progress: Any) -> None:
   """Fills a run result's model FLOPs per example and peak, and tells the progress line.
 
-  A workload whose one-example gradient cannot be lowered on its own (it needs the
-  mesh) and gives no analytic count falls back to XLA's count of the compiled step.
+  A plugin that gives no analytic count and whose one-example gradient cannot be
+  lowered on its own (it needs the mesh) gets no MFU: never the compiled program's
+  count, which on GPUs misses the cuBLAS/cuDNN calls.
   """
   from mlbench.train import steps
 
   try:
     result.flops_per_example = steps.flops_per_example(plan.workload, plan.cfg, plan.ctx)
   except Exception as e:  # Reporting only: never fail a run over its FLOP count.
-    progress.note(f"model FLOPs not counted ({type(e).__name__}); using XLA's count of the "
-                  "compiled step")
+    progress.note(f"model FLOPs not counted ({type(e).__name__}: give the workload an analytic "
+                  "flops_per_example); no MFU reported")
     result.flops_per_example = 0.0
   p = peak(plan.runtime.local_devices)
   # All devices of the run: the local ones' peak times the processes (hosts are alike).

@@ -46,7 +46,6 @@ class Programs:
   batch_sharding: Any
   train_spec: Mapping[str, jax.ShapeDtypeStruct]
   eval_spec: Mapping[str, jax.ShapeDtypeStruct]
-  train_flops: float | None  # XLA's count for one compiled train step, per device
   opt_state_bytes: int = 0             # optimizer state one device holds
   opt_state_bytes_replicated: int = 0  # the whole optimizer state
 
@@ -193,7 +192,7 @@ def compile_programs(workload: Workload, cfg: Any, schedule: Schedule, mesh: Any
   return Programs(init=init_c, train=train_c, eval=eval_c, state_sharding=state_sh,
                   metric_names=tuple(names), sums_sharding=sums_sh,
                   batch_sharding=batch_sh, train_spec=train_spec,
-                  eval_spec=eval_spec, train_flops=_flops(train_c),
+                  eval_spec=eval_spec,
                   opt_state_bytes=sharding.bytes_per_device(state_shapes.opt_state,
                                                             state_sh.opt_state),
                   opt_state_bytes_replicated=_nbytes(state_shapes.opt_state))
@@ -212,16 +211,6 @@ def metric_names(workload: Workload, cfg: Any, ctx: StepContext, state: Any,
   if "loss" in metrics:
     raise ValueError(f"{workload.name}: loss() must not return a metric named 'loss'")
   return ["loss", *metrics]
-
-
-def _flops(compiled: Any) -> float | None:
-  try:
-    cost = compiled.cost_analysis()
-  except Exception:  # Not every backend implements cost analysis.
-    return None
-  if isinstance(cost, list):
-    cost = cost[0] if cost else {}
-  return float(cost["flops"]) if cost and "flops" in cost else None
 
 
 def count_params(workload: Workload, cfg: Any) -> int:

@@ -119,6 +119,21 @@ def test_describe_shows_sizes_hyperparameters_and_rules(capsys):
   assert "rules mini" in out and "evaluate every 4 epochs" in out
 
 
+def test_describe_json_carries_the_model_flops_every_mfu_uses(capsys):
+  from mlbench import registry
+
+  assert main(["describe", "ssd", "--json"]) == 0
+  rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  w = registry.get("ssd")
+  assert [r["config"] for r in rows] == list(w.configs)
+  for r in rows:
+    cfg = w.configs[r["config"]]()
+    assert r["flops_per_example"] == w.flops_per_example(cfg) > 0
+    assert r["parameters"] > 0 and r["quality"]["key"] == "eval_accuracy"
+    assert r["hyperparameters"]["global_batch_size"] == cfg.global_batch_size
+    assert r["hyperparameters"]["model.dtype"] in ("float32", "bfloat16")
+
+
 def test_describe_shows_berts_batch_dependent_cadence(capsys):
   # 4.0.0: every FLOOR(0.05 * (230.23 * 8192 + 3,000,000), 25,000) = 225,000 samples.
   assert main(["describe", "bert", "--config", "full"]) == 0

@@ -36,6 +36,13 @@ def test_the_default_run_reaches_the_mini_target_with_a_compliant_log(
   # MFU against this host's measured matmul rate, on the progress line and in the JSON.
   assert 0 < report["mfu"] < 2 and report["peak_source"].startswith("measured")
   assert report["flops_per_s"] > 0 and "MFU" in out.stderr
+  # ... from the workload's analytic count of model FLOPs, never XLA's compiled count.
+  from mlbench import registry
+
+  w = registry.get("resnet50")
+  assert report["flops_per_example"] == w.flops_per_example(w.configs["mini"]())
+  assert report["flops_per_s"] == pytest.approx(
+      report["samples_per_s"] * report["flops_per_example"], rel=1e-3)
   # With libtpu installed (the tpu extra) a CPU run prints nothing about TPUs.
   assert "TPU_ACCELERATOR_TYPE" not in out.stderr and "libtpu" not in out.stderr
   log = tmp_path / report["log"]

@@ -219,21 +219,6 @@ def test_full_config_is_gshard_sized():
   assert train.num_moe_layers(cfg) == 12 and cfg.model.moe.top_k == 2
 
 
-@pytest.mark.parametrize("name", ["mini", "full"])
-def test_flops_per_example_count_active_experts_within_a_tenth_of_xla(name):
-  cfg = WORKLOAD.configs[name]()
-  # Capacity factor 1 (no empty slots); two layers of the full model are enough.
-  model = dataclasses.replace(cfg.model, num_layers=2, moe=dataclasses.replace(
-      cfg.model.moe, capacity_factor=1.0))
-  cfg = dataclasses.replace(cfg, model=model,
-                            data=dataclasses.replace(cfg.data, seq_length=min(
-                                cfg.data.seq_length, 256)))
-  xla = steps.flops_per_example(dataclasses.replace(WORKLOAD, flops_per_example=None), cfg,
-                                StepContext(mesh=None))
-  # XLA also counts the dispatch and combine einsums and the softmaxes.
-  assert 1.0 < xla / WORKLOAD.flops_per_example(cfg) < 1.1
-
-
 def test_logged_keys_disclose_the_parallelism(expert_parallel):
   cfg = config.mini()
   sched = WORKLOAD.schedule(cfg)

@@ -151,11 +151,12 @@ def partition_rules(cfg: BertConfig) -> list[tuple[str, Any]]:
 
 def flops_per_example(cfg: BertConfig) -> float:
   """Model FLOPs of one training example: 3x (forward + backward) the forward matmuls
-  of every layer's attention and MLP, and of the masked-LM head, 2*P*H*(H + V) (the
-  pooler and next-sentence head are negligible)."""
+  of every layer's attention and MLP, of the masked-LM head on the P masked
+  positions, 2*P*H*(H + V), and of the pooler and next-sentence head, 2*H*(H + 2)."""
   m, d = cfg.model, cfg.data
   seq, hidden = d.max_seq_length, m.hidden_size
   layer = (blocks.attention_flops(seq, seq, hidden)
            + blocks.mlp_flops(seq, hidden, m.intermediate_size))
-  head = 2 * d.max_predictions_per_seq * hidden * (hidden + m.vocab_size)
+  head = (2 * d.max_predictions_per_seq * hidden * (hidden + m.vocab_size)
+          + 2 * hidden * (hidden + 2))
   return 3.0 * (m.num_layers * layer + head)

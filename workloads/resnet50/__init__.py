@@ -26,4 +26,5 @@ WORKLOAD = Workload(
     synthetic_batch=lazy(f"{_INPUT}:synthetic_batch"),
     hparams=lazy(f"{_TRAIN}:hparams"),
     partition_rules=lazy(f"{_TRAIN}:partition_rules"),
+    flops_per_example=lazy(f"{_TRAIN}:flops_per_example"),
 )

@@ -10,7 +10,8 @@ import optax
 
 from mlbench.train import optim
 from mlbench.workload import EvalPart, Schedule, StepContext
-from workloads.resnet50.config import Optimizer, ResNetConfig
+from workloads.common import conv
+from workloads.resnet50.config import Optimizer, ResNetConfig, Stem
 from workloads.resnet50.model import ResNet
 
 
@@ -118,3 +119,29 @@ def partition_rules(cfg: ResNetConfig) -> list[tuple[str, Any]]:
 
   del cfg
   return [(r"conv[^/]*/kernel$", P(None, None, None, "channels"))]
+
+
+def flops_per_example(cfg: ResNetConfig) -> float:
+  """Model FLOPs of one training image: 3x (forward + backward) the forward
+  convolutions and the classifier, walked through the architecture as model.py
+  builds it (stem, bottlenecks with the stride in the 3x3, 1x1 projections)."""
+  m, size = cfg.model, cfg.data.image_size
+  if m.stem is Stem.IMAGENET:
+    size = conv.out_size(size, 7, 2, pad=6)
+    forward = conv.conv_flops(size, 7, 3, m.width)
+    size = conv.out_size(size, 3, 2)  # the max pool
+  else:
+    forward = conv.conv_flops(size, 3, 3, m.width)
+  channels = m.width
+  for stage, blocks in enumerate(m.stage_sizes):
+    width = m.width * 2 ** stage
+    for block in range(blocks):
+      stride = 2 if stage > 0 and block == 0 else 1
+      out = conv.out_size(size, 3, stride)
+      forward += (conv.conv_flops(size, 1, channels, width) + conv.conv_flops(out, 3, width, width)
+                  + conv.conv_flops(out, 1, width, 4 * width))
+      if channels != 4 * width or stride != 1:
+        forward += conv.conv_flops(out, 1, channels, 4 * width)
+      size, channels = out, 4 * width
+  forward += 2 * channels * m.num_classes
+  return 3.0 * forward

@@ -30,6 +30,7 @@ WORKLOAD = Workload(
     synthetic_batch=lazy(f"{_INPUT}:synthetic_batch"),
     hparams=lazy(f"{_TRAIN}:hparams"),
     partition_rules=lazy(f"{_TRAIN}:partition_rules"),
+    flops_per_example=lazy(f"{_TRAIN}:flops_per_example"),
     # The `ssd` key is RetinaNet from MLPerf 1.1 on; this is the SSD-ResNet-34 of 0.7.0.
     rulesets=("0.7.0",),
 )

@@ -16,8 +16,9 @@ import optax
 
 from mlbench.train import optim
 from mlbench.workload import Schedule, StepContext
+from workloads.common import conv
 from workloads.ssd import backbone, boxes, nms
-from workloads.ssd.config import AnchorConfig, SSDConfig
+from workloads.ssd.config import AnchorConfig, SSDConfig, Stem
 from workloads.ssd.model import SSD
 
 NEGATIVES_PER_POSITIVE = 3  # hard-negative mining ratio of the reference's Loss
@@ -174,3 +175,36 @@ def partition_rules(cfg: SSDConfig) -> list[tuple[str, Any]]:
 
   del cfg
   return [(r"conv[^/]*/kernel$", P(None, None, None, "channels"))]
+
+
+def flops_per_example(cfg: SSDConfig) -> float:
+  """Model FLOPs of one training image: 3x (forward + backward) the forward
+  convolutions, walked through the architecture as model.py builds it: the
+  truncated ResNet (BasicBlocks), the extra layers and the 3x3 location and class
+  heads on every feature map (box matching, the loss and NMS are not model FLOPs)."""
+  m, size = cfg.model, cfg.data.image_size
+  channels = m.stage_widths[0]
+  if m.stem is Stem.IMAGENET:
+    size = conv.out_size(size, 7, 2, pad=6)
+    forward = conv.conv_flops(size, 7, 3, channels)
+    size = conv.out_size(size, 3, 2, pad=2)  # the max pool
+  else:
+    forward = conv.conv_flops(size, 3, 3, channels)
+  for blocks, width, stride in zip(m.stage_sizes, m.stage_widths, m.stage_strides):
+    for block in range(blocks):
+      s = stride if block == 0 else 1
+      out = conv.out_size(size, 3, s, pad=2)
+      forward += conv.conv_flops(out, 3, channels, width) + conv.conv_flops(out, 3, width, width)
+      if channels != width or s != 1:
+        forward += conv.conv_flops(out, 1, channels, width)
+      size, channels = out, width
+  features = [(size, channels)]
+  for width, out_channels, stride in zip(m.extra_widths, m.extra_channels, m.extra_strides):
+    forward += conv.conv_flops(size, 1, channels, width)
+    size = conv.out_size(size, 3, stride, pad=2 if stride > 1 else 0)
+    forward += conv.conv_flops(size, 3, width, out_channels)
+    features.append((size, out_channels))
+    channels = out_channels
+  for (size, channels), per_cell in zip(features, cfg.anchors.boxes_per_cell):
+    forward += conv.conv_flops(size, 3, channels, per_cell * (4 + m.num_classes))
+  return 3.0 * forward

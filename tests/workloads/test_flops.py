@@ -1,0 +1,165 @@
+"""Model FLOP counts, the numerator of every MFU mlbench reports.
+
+Each built-in workload's analytic `flops_per_example` is checked against an
+independent count taken from the model's own layers while its loss is traced
+(every convolution, dense layer, embedding projection and attention that the
+forward pass really calls, from their shapes), against hand derivations of the
+full architectures from their published sizes, and against XLA's count of the
+lowered (unoptimised) gradient. Model FLOPs are the multiply-adds of those
+layers, 2 FLOPs each, times 3 for forward and backward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from mlbench import registry
+from mlbench.train import steps
+from mlbench.workload import Split, StepContext
+from workloads.common import transformer as blocks
+
+BUILT_IN = ("resnet50", "ssd", "bert", "transformer", "moe", "llama31_8b")
+LAYERED = ("resnet50", "ssd", "bert", "transformer")  # built from flax layers end to end
+
+
+def _call_macs(mod: nn.Module, method: str, args: tuple, out) -> float:
+  """Multiply-adds of one module call, from its input and output shapes."""
+  if method == "attend" and isinstance(mod, nn.Embed):
+    return math.prod(args[0].shape) * mod.num_embeddings
+  if method != "__call__":
+    return 0.0
+  if isinstance(mod, nn.Conv):  # every output position sees the whole kernel
+    return math.prod(out.shape[:-1]) * math.prod(mod.kernel_size) * args[0].shape[-1] \
+        * mod.features
+  if isinstance(mod, (nn.Dense, nn.DenseGeneral)):  # every input element meets every output
+    features = mod.features if isinstance(mod.features, tuple) else (mod.features,)
+    return math.prod(args[0].shape) * math.prod(features)
+  if isinstance(mod, blocks.Attention):  # scores and weighted values, L x S x width each
+    query = args[0]
+    kv = args[1] if len(args) > 1 and args[1] is not None else query
+    return 2 * query.shape[0] * query.shape[1] * kv.shape[1] * mod.num_heads * mod.head_dim
+  return 0.0
+
+
+def traced_forward_macs(workload, cfg) -> float:
+  """Multiply-adds of one example's forward pass, counted from the layers the
+  workload's loss really calls (shapes only: the loss is traced, not run)."""
+  total = [0.0]
+
+  def count(next_fun, args, kwargs, context):
+    out = next_fun(*args, **kwargs)
+    total[0] += _call_macs(context.module, context.method_name, args, out)
+    return out
+
+  params, state = jax.eval_shape(lambda k: workload.init(cfg, k), jax.random.key(0))
+  one = workload.synthetic_batch(cfg, Split.TRAIN, 1, np.random.default_rng(0))
+  with nn.intercept_methods(count):
+    jax.eval_shape(lambda p, s, b: workload.loss(cfg, StepContext(mesh=None), p, s, b,
+                                                 jax.random.key(0)), params, state, one)
+  return total[0]
+
+
+def _config(name: str, config: str):
+  return registry.get(name).configs[config]()
+
+
+def test_every_built_in_workload_counts_its_flops_from_its_architecture():
+  for name in BUILT_IN:
+    w = registry.get(name)
+    assert w.flops_per_example is not None, name
+    for config in w.configs:
+      assert w.flops_per_example(w.configs[config]()) > 0, (name, config)
+
+
+@pytest.mark.parametrize("config", ["mini", "full"])
+@pytest.mark.parametrize("name", LAYERED)
+def test_the_count_equals_the_layers_the_loss_calls(name, config):
+  w = registry.get(name)
+  cfg = _config(name, config)
+  traced = 6 * traced_forward_macs(w, cfg)
+  assert w.flops_per_example(cfg) == pytest.approx(traced, rel=1e-12)
+
+
+def test_hand_derivations_of_the_full_architectures():
+  def flops(name):
+    return registry.get(name).flops_per_example(_config(name, "full"))
+
+  # ResNet-50 v1.5 at 224x224: 4.089 GMAC forward (torchvision's ResNet50_Weights
+  # IMAGENET1K_V2 lists 4.089 G multiply-adds for the same architecture).
+  assert flops("resnet50") / 6 == pytest.approx(4.089e9, rel=2e-4)
+  # BERT-large at sequence 512: per layer four H x H projections and the H x 4H
+  # MLP at 512 positions plus scores and weighted values (512^2 x H each); the
+  # masked-LM transform and tied output projection at the 76 masked positions; the
+  # pooler and next-sentence head at one.
+  s, h, f = 512, 1024, 4096
+  layer = 4 * s * h * h + 2 * s * s * h + 2 * s * h * f
+  assert flops("bert") == 6 * (24 * layer + 76 * h * (h + 30522) + h * (h + 2))
+  # Transformer-big, 256 source and 256 target tokens: 6 encoder layers (self-
+  # attention, MLP), 6 decoder layers (self- and cross-attention, MLP), the shared
+  # 33,708-entry embedding as output projection.
+  n = 256
+  attention = 4 * n * h * h + 2 * n * n * h
+  mlp = 2 * n * h * f
+  assert flops("transformer") == 6 * (6 * (attention + mlp) + 6 * (2 * attention + mlp)
+                                      + n * h * 33708)
+  # Llama 3.1 8B at 8,192 tokens: 6 N D over the 7,504,658,432 parameters that multiply
+  # (Meta's 8,030,261,248 less the 128,256 x 4,096 input embedding and the 65 RMSNorm
+  # scales), plus causal attention counted in full, 4 x 8192^2 x 4096 per layer forward.
+  d = 8192
+  assert 8_030_261_248 - 128_256 * 4096 - 65 * 4096 == 7_504_658_432
+  assert flops("llama31_8b") == 6 * 7_504_658_432 * d + 3 * 32 * 4 * d * d * 4096
+
+
+def _lowered(name: str, cfg) -> float:
+  w = registry.get(name)
+  return steps.flops_per_example(dataclasses.replace(w, flops_per_example=None), cfg,
+                                 StepContext(mesh=None))
+
+
+def _small_full(name: str):
+  """The full config, cut where lowering it whole would be slow (layers, length) or
+  where XLA's count is known to mislead: a scanned layer stack is counted once,
+  rematerialisation counts the recomputed forward again, and capacity slots left
+  empty by the router are still multiplied."""
+  cfg = _config(name, "full")
+  m = cfg.model
+  if name == "bert":
+    return dataclasses.replace(cfg, model=dataclasses.replace(m, num_layers=2))
+  if name == "moe":
+    m = dataclasses.replace(m, num_layers=2, moe=dataclasses.replace(m.moe, capacity_factor=1.0))
+    return dataclasses.replace(cfg, model=m, data=dataclasses.replace(
+        cfg.data, seq_length=min(cfg.data.seq_length, 256)))
+  if name == "llama31_8b":
+    from workloads.llama31_8b.config import Remat
+
+    m = dataclasses.replace(m, num_layers=2, remat=Remat.NONE, scan_layers=False,
+                            attention_chunk=0)
+    return dataclasses.replace(cfg, model=m, data=dataclasses.replace(cfg.data, seq_length=1024))
+  return cfg
+
+
+# XLA's count of the lowered gradient over the analytic count. Convolutions: XLA
+# leaves out the kernel taps that fall on padding (many on the minis' 2x2 to 8x8
+# maps) and the image's own gradient, which training never computes. Transformers:
+# XLA adds the softmaxes, norms and activations; the MoE also its dispatch and
+# combine einsums, which are routing, not model FLOPs.
+LOWERED_OVER_ANALYTIC = {"resnet50": (0.95, 1.02), "ssd": (0.85, 1.0), "bert": (1.0, 1.03),
+                         "transformer": (1.0, 1.02), "moe": (1.0, 1.1),
+                         "llama31_8b": (1.0, 1.02)}
+
+
+@pytest.mark.parametrize("config", ["mini", "full"])
+@pytest.mark.parametrize("name", BUILT_IN)
+def test_the_count_agrees_with_xlas_count_of_the_lowered_gradient(name, config):
+  cfg = _small_full(name) if config == "full" else _config(name, config)
+  if name == "moe" and config == "mini":
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(
+        cfg.model, moe=dataclasses.replace(cfg.model.moe, capacity_factor=1.0)))
+  low, high = LOWERED_OVER_ANALYTIC[name]
+  assert low <= _lowered(name, cfg) / registry.get(name).flops_per_example(cfg) <= high
