@@ -39,26 +39,40 @@ class BatchNorm(nn.Module):
     scale = self.param("scale", self.scale_init, (c,), jnp.float32)
     bias = self.param("bias", self.bias_init, (c,), jnp.float32)
     if self.use_running_average:
-      y = (x.astype(jnp.float32) - mean_var.value) * jax.lax.rsqrt(var_var.value + self.epsilon)
+      mean_C, var_C = mean_var.value, var_var.value
     else:
-      y, mean_G, var_G = _grouped_normalize(x, self.num_groups, self.epsilon)
+      mean_G, var_G = _group_statistics(x, self.num_groups)
       if not self.is_initializing():
         m = self.momentum
         mean_var.value = m * mean_var.value + (1 - m) * mean_G.mean(axis=0)
         var_var.value = m * var_var.value + (1 - m) * var_G.mean(axis=0)
-    y = y * scale + bias
-    return y.astype(self.dtype or x.dtype)
+      mean_C, var_C = mean_G, var_G
+    # Folded into one multiply-add per element, in the activations' dtype: the
+    # statistics and the per-channel factors are float32, but no float32 copy of a
+    # bfloat16 activation is made (or kept for the backward pass).
+    a = scale * jax.lax.rsqrt(var_C + self.epsilon)
+    b = bias - mean_C * a
+    dtype = self.dtype or x.dtype
+    return _per_group(x, a.astype(dtype), b.astype(dtype)).astype(dtype)
 
 
-def _grouped_normalize(x: jax.Array, groups: int, epsilon: float):
-  """Normalises each group by its own statistics; returns (y, mean[G, C], var[G, C])."""
+def _group_statistics(x: jax.Array, groups: int) -> tuple[jax.Array, jax.Array]:
+  """(mean[G, C], var[G, C]) of each group of the batch, accumulated in float32."""
   b = x.shape[0]
   if b % groups:
     raise ValueError(f"batch {b} does not split into {groups} batch-norm groups")
-  x_G = x.astype(jnp.float32).reshape((groups, b // groups) + x.shape[1:])
+  x_G = x.reshape((groups, b // groups) + x.shape[1:])
   axes = tuple(range(1, x_G.ndim - 1))
-  mean = x_G.mean(axis=axes, keepdims=True)
-  var = jnp.maximum((x_G * x_G).mean(axis=axes, keepdims=True) - mean * mean, 0.0)
-  y = ((x_G - mean) * jax.lax.rsqrt(var + epsilon)).reshape(x.shape)
-  flat = (groups, x.shape[-1])
-  return y, mean.reshape(flat), var.reshape(flat)
+  mean = jnp.mean(x_G, axis=axes, dtype=jnp.float32)
+  var = jnp.maximum(jnp.mean(jnp.square(x_G.astype(jnp.float32)), axis=axes) - mean * mean, 0.0)
+  return mean, var
+
+
+def _per_group(x: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
+  """x * a + b with a, b of shape [C] or [G, C] (one row per group of the batch)."""
+  if a.ndim == 1:
+    return x * a + b
+  groups = a.shape[0]
+  x_G = x.reshape((groups, x.shape[0] // groups) + x.shape[1:])
+  shape = (groups,) + (1,) * (x.ndim - 1) + (a.shape[-1],)
+  return (x_G * a.reshape(shape) + b.reshape(shape)).reshape(x.shape)
