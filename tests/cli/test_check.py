@@ -24,7 +24,7 @@ def test_full_resnet50_on_a_data_parallel_pod_slice(mlbench, tmp_path):
   assert 23e9 * 4096 < train["flops"] < 25e9 * 4096
   assert train["collectives"]["all-reduce"] > 0  # The gradient sums.
   assert evaluation["collectives"]["all-reduce"] == 0  # Per-example outputs, no reduction.
-  assert train["temp_bytes"] > 10 * 2**30  # 512 images per device, float32 activations.
+  assert train["temp_bytes"] > 10 * 2**30  # 512 images per device, bfloat16 activations.
   assert report["param_bytes_per_device"] == report["params"] * 4
   assert not list(tmp_path.iterdir())  # Nothing was written or run.
 

@@ -154,9 +154,10 @@ def full() -> SSDConfig:
   images, 26 warmup epochs, decay at epochs 64 and 80, weight decay 5e-4,
   momentum 0.9, batch-norm groups of 16 devices
   (`--bn-group-size 16`), 120 epochs; the reference's single crop try per mode
-  (`max_samples` 1).
+  (`max_samples` 1). Activations and convolutions in bfloat16 (parameters, optimizer
+  and batch-norm statistics float32), as that submission trains.
   """
-  return SSDConfig()
+  return SSDConfig(model=ModelConfig(dtype=DType.BFLOAT16))
 
 
 def mini() -> SSDConfig:
