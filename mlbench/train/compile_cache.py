@@ -30,6 +30,7 @@ MIN_COMPILE_SECONDS = 1.0
 _HITS = "/jax/compilation_cache/cache_hits"
 _WRITES = "/jax/compilation_cache/cache_misses"  # recorded when an entry is written
 _SAVED = "/jax/compilation_cache/compile_time_saved_sec"
+_LOAD = "/jax/compilation_cache/cache_retrieval_time_sec"
 
 
 @dataclasses.dataclass
@@ -40,18 +41,21 @@ class Stats:
   hits: int = 0      # programs loaded instead of compiled
   writes: int = 0    # programs compiled and written
   saved_s: float = 0.0  # compile seconds the hits saved (JAX stores whole seconds)
+  load_s: float = 0.0   # seconds spent reading and deserialising the hits
 
   def summary(self) -> str:
     """One line for the console."""
     if self.folder is None:
       return "compile cache: off"
-    return (f"compile cache {self.folder}: {self.hits} program(s) loaded (saving about "
-            f"{self.saved_s:,.0f} s of compiling), {self.writes} compiled and written")
+    return (f"compile cache {self.folder}: {self.hits} program(s) loaded in "
+            f"{self.load_s:,.1f} s (saving about {self.saved_s:,.0f} s of compiling), "
+            f"{self.writes} compiled and written")
 
   def to_json(self) -> dict:
     """The counts for a command's JSON output."""
     return {"dir": None if self.folder is None else str(self.folder), "hits": self.hits,
-            "writes": self.writes, "saved_s": round(self.saved_s, 1)}
+            "writes": self.writes, "saved_s": round(self.saved_s, 1),
+            "load_s": round(self.load_s, 2)}
 
 
 _stats = Stats()
@@ -113,6 +117,8 @@ def _listen() -> None:
   def on_duration(event: str, seconds: float, **_) -> None:
     if event == _SAVED:
       _stats.saved_s += max(0.0, seconds)
+    elif event == _LOAD:
+      _stats.load_s += seconds
 
   monitoring.register_event_listener(on_event)
   monitoring.register_event_duration_secs_listener(on_duration)
