@@ -11,7 +11,10 @@ cache itself is JAX's (`jax._src.compilation_cache`, an LRU file cache).
 Entries are written by process 0 only (JAX's rule, against contended writes on
 shared filesystems): on a pod whose hosts each use a local folder, only host 0's
 compiles are cached, so point `--compile-cache` at a folder every host shares
-(NFS, or `gs://...` with etils installed) to speed up the others too.
+(NFS, or `gs://...` with etils installed) to speed up the others too. On XLA:CPU
+(simulated multi-process runs) even that does not help: each process's key holds
+its own view of the devices' topology, so processes other than 0 never find an
+entry and compile every time.
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -126,3 +130,42 @@ def test_configuring_again_in_one_process_moves_the_cache(tmp_path, monkeypatch,
   compile_once(7.0)
   assert len(_entries(tmp_path / "a")) == 1 and len(_entries(tmp_path / "b")) == 1
   assert compile_cache.stats().folder is None
+
+
+def _two_process_check(cache, cwd) -> list[dict]:
+  """`mlbench check` as a 2-process run on this host (jax.distributed on 127.0.0.1)."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    coordinator = f"127.0.0.1:{s.getsockname()[1]}"
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  procs = [subprocess.Popen(
+      [sys.executable, "-c", "import sys; from mlbench.cli import main; sys.exit(main())",
+       "check", "resnet50", "--cpu-devices", "4", "--coordinator", coordinator,
+       "--num-processes", "2", "--process-id", str(i), "--compile-cache", str(cache), "--json"],
+      cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+      for i in range(2)]
+  reports = []
+  try:
+    for p in procs:
+      stdout, stderr = p.communicate(timeout=600)
+      assert p.returncode == 0, stderr[-2000:]
+      reports.append(json.loads(stdout)["compile_cache"])
+  finally:
+    for p in procs:
+      p.kill()
+  return reports
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_only_process_0_writes_and_loads_in_a_two_process_run(tmp_path):
+  cache = tmp_path / "jax"
+  leader, follower = _two_process_check(cache, tmp_path)
+  # JAX writes entries from process 0 only (against contended writes on shared storage).
+  assert leader["writes"] >= 2 and follower["writes"] == 0
+  assert len(_entries(cache)) == leader["writes"]
+  leader2, follower2 = _two_process_check(cache, tmp_path)
+  assert leader2["hits"] == leader["writes"] and leader2["writes"] == follower2["writes"] == 0
+  # Process 1 finds nothing on XLA:CPU: its key holds its own view of the devices'
+  # topology (seen: only the accelerator_config part of the key differs), so it
+  # compiles again, and the run waits for it at the first collective.
