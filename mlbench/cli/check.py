@@ -71,12 +71,16 @@ def _topology_plan(rc: RunConfig, name: str):
   import jax
 
   from mlbench.pod import topology
+  from mlbench.train import compile_cache
   from mlbench.train.plan import make_plan
 
   slice_ = topology.parse(name)
   # Host-side work (random keys, shapes) stays on the CPU; the TPU compiler is reached
   # through the topology, never through a TPU backend this machine does not have.
   jax.config.update("jax_platforms", "cpu")
+  # No cache: the compile-only TPU client writes entries but cannot load them ("PjRtCompiler
+  # must be constructed with a Client to call DeserializeLoadedExecutable"), a warning each.
+  compile_cache.configure(None)
   runtime = topology.runtime(slice_)
   return make_plan(rc, runtime, machine=topology.machine(slice_, runtime.devices))
 
