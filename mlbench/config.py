@@ -75,7 +75,7 @@ def compile_cache_dir(value: str | os.PathLike | None = None) -> Path | None:
     return Path(jax_dir) if jax_dir else default_cache_dir() / "jax"
   if str(value).lower() == "off":
     return None
-  return Path(value).expanduser()
+  return Path(value).expanduser().absolute()
 
 
 @dataclasses.dataclass(frozen=True)
