@@ -64,6 +64,20 @@ def default_cache_dir() -> Path:
   return Path(base) / "mlbench"
 
 
+def compile_cache_dir(value: str | os.PathLike | None = None) -> Path | None:
+  """The folder of JAX's persistent compilation cache for a `--compile-cache` value.
+
+  None or "": the default, JAX_COMPILATION_CACHE_DIR if set (JAX's own setting),
+  else `<default_cache_dir()>/jax`; "off": no cache; anything else: that folder.
+  """
+  if value is None or str(value) == "":
+    jax_dir = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    return Path(jax_dir) if jax_dir else default_cache_dir() / "jax"
+  if str(value).lower() == "off":
+    return None
+  return Path(value).expanduser().absolute()
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
   """Everything `mlbench run` was asked to do, apart from the workload config.
@@ -129,6 +143,7 @@ class RunConfig:
   checkpoint_dir: Path | None = None
   resume: Path | None = None
   precision: str | None = None
+  compile_cache: Path | None = dataclasses.field(default_factory=compile_cache_dir)
 
 
 PRECISIONS = ("float32", "bfloat16")

@@ -1,8 +1,8 @@
 """Shared test setup: a simulated 8-device pod, and isolated caches.
 
 Every test runs on 8 simulated CPU devices (set before JAX starts), as the
-harness would on a pod slice. Generated data and derived checker rules go to a
-per-session temporary folder, never to the user's ~/.cache.
+harness would on a pod slice. Generated data, derived checker rules and the
+compilation cache go to a per-session temporary folder, never to the user's ~/.cache.
 """
 
 from __future__ import annotations

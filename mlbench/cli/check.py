@@ -41,6 +41,7 @@ def check_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...]
   predicted samples/s, MFU and time to train.
   """
   from mlbench.pod import check
+  from mlbench.train import compile_cache
 
   if topology and cpu_devices:
     raise click.UsageError("--topology and --cpu-devices exclude each other")
@@ -48,9 +49,12 @@ def check_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...]
                  cpu_devices=cpu_devices, **scaling_config(scaling))
   plan = _topology_plan(rc, topology) if topology else _local_plan(rc)
   report = check.dry_run(plan, topology=topology, convergence=_convergence(plan, from_log))
-  _print(report, output.console())
+  console = output.console()
+  _print(report, console)
+  console.print(compile_cache.stats().summary(), highlight=False)
   if as_json:
-    click.echo(json.dumps(report.to_json(), indent=2))
+    click.echo(json.dumps({**report.to_json(), "compile_cache": compile_cache.stats().to_json()},
+                          indent=2))
   return 0
 
 
@@ -59,7 +63,7 @@ def _local_plan(rc: RunConfig):
   from mlbench.train.plan import make_plan
 
   runtime = runtime_lib.setup(cpu_devices=rc.cpu_devices, distributed=runtime_lib.Distributed(
-      rc.coordinator, rc.num_processes, rc.process_id))
+      rc.coordinator, rc.num_processes, rc.process_id), compile_cache=rc.compile_cache)
   return make_plan(rc, runtime)
 
 
@@ -67,12 +71,16 @@ def _topology_plan(rc: RunConfig, name: str):
   import jax
 
   from mlbench.pod import topology
+  from mlbench.train import compile_cache
   from mlbench.train.plan import make_plan
 
   slice_ = topology.parse(name)
   # Host-side work (random keys, shapes) stays on the CPU; the TPU compiler is reached
   # through the topology, never through a TPU backend this machine does not have.
   jax.config.update("jax_platforms", "cpu")
+  # No cache: the compile-only TPU client writes entries but cannot load them ("PjRtCompiler
+  # must be constructed with a Client to call DeserializeLoadedExecutable"), a warning each.
+  compile_cache.configure(None)
   runtime = topology.runtime(slice_)
   return make_plan(rc, runtime, machine=topology.machine(slice_, runtime.devices))
 

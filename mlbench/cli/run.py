@@ -130,6 +130,7 @@ def _header(plan, console) -> None:
 def _report(plan, outcome, console) -> None:
   if not plan.runtime.is_leader:
     return
+  from mlbench.train import compile_cache
   r, check = outcome.result, outcome.check
   status = "success" if r.success else "aborted"
   last = r.evals[-1][1] if r.evals else float("nan")
@@ -144,6 +145,7 @@ def _report(plan, outcome, console) -> None:
       f"{r.opt_state_bytes / 2**20:,.2f} MiB per device; log {r.log}", highlight=False)
   if r.goodput is not None:
     console.print(r.goodput.summary(), highlight=False)
+  console.print(compile_cache.stats().summary(), highlight=False)
   if r.checkpoint_saves:
     waits = [w for _, w in r.checkpoint_saves]
     console.print(f"{len(waits)} checkpoint(s); the step loop waited {sum(waits):.2f} s for them "
@@ -170,6 +172,7 @@ def _report(plan, outcome, console) -> None:
       "optimizer_state_bytes_per_device": r.opt_state_bytes,
       "goodput": r.goodput.to_json() if r.goodput else None,
       "checkpoints": len(r.checkpoint_saves),
+      "compile_cache": compile_cache.stats().to_json(),
       "log": str(r.log) if r.log else None,
       "compliant": None if check is None else check.passed}))
 

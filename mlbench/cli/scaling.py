@@ -1,4 +1,5 @@
-"""Options shared by `run` and `check`: the mesh and the scaling techniques."""
+"""Options shared by `run` and `check`: the mesh, the scaling techniques, the
+multi-host settings and the compilation cache."""
 
 from __future__ import annotations
 
@@ -6,12 +7,12 @@ from typing import Any
 
 import click
 
-from mlbench.config import PRECISIONS, InputMode, parse_mesh
+from mlbench.config import PRECISIONS, InputMode, compile_cache_dir, parse_mesh
 
 
 def scaling_options(fn):
-  """Adds --mesh, --weight-update-sharding, --bn-group-size, --input-mode, --precision
-  and the multi-host options to a command."""
+  """Adds --mesh, --weight-update-sharding, --bn-group-size, --input-mode, --precision,
+  the multi-host options and --compile-cache to a command."""
   options = [
       click.option("--mesh", metavar="AXIS=N,...", envvar="MLBENCH_MESH",
                    help="Device mesh, e.g. data=4,model=2 (axes: data, model, expert). "
@@ -37,6 +38,11 @@ def scaling_options(fn):
                    help="Processes in a multi-host run."),
       click.option("--process-id", type=click.IntRange(min=0), envvar="MLBENCH_PROCESS_ID",
                    help="This process's index in a multi-host run."),
+      click.option("--compile-cache", metavar="DIR|off", envvar="MLBENCH_COMPILE_CACHE",
+                   help="Keep compiled programs in DIR (JAX's persistent compilation cache) "
+                        "so the next run of the same config loads them instead of compiling; "
+                        "off: compile every time. [default: $JAX_COMPILATION_CACHE_DIR, else "
+                        "$MLBENCH_CACHE_DIR/jax or ~/.cache/mlbench/jax]"),
   ]
   for option in reversed(options):
     fn = option(fn)
@@ -50,4 +56,5 @@ def scaling_config(values: dict[str, Any]) -> dict[str, Any]:
           "bn_group_size": values["bn_group_size"],
           "input_mode": InputMode(values["input_mode"]),
           "coordinator": values["coordinator"], "num_processes": values["num_processes"],
-          "process_id": values["process_id"], "precision": values["precision"]}
+          "process_id": values["process_id"], "precision": values["precision"],
+          "compile_cache": compile_cache_dir(values["compile_cache"])}

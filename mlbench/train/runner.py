@@ -66,7 +66,7 @@ def prepare(rc: RunConfig) -> Plan:
   Nothing is written under --results-dir until every check has passed.
   """
   runtime = runtime_lib.setup(cpu_devices=rc.cpu_devices, distributed=runtime_lib.Distributed(
-      rc.coordinator, rc.num_processes, rc.process_id))
+      rc.coordinator, rc.num_processes, rc.process_id), compile_cache=rc.compile_cache)
   plan = make_plan(rc, runtime)
   if runtime.is_leader:
     # A link out of --results-dir, or a folder that cannot be written, fails now,

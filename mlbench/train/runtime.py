@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from mlbench.errors import UserError
@@ -116,8 +117,8 @@ def _pin_cpu_without_accelerator() -> None:
   jax.config.update("jax_platforms", "cpu")
 
 
-def setup(*, cpu_devices: int | None = None,
-          distributed: Distributed = Distributed()) -> Runtime:
+def setup(*, cpu_devices: int | None = None, distributed: Distributed = Distributed(),
+          compile_cache: Path | None = None) -> Runtime:
   """Configures JAX for this process and returns what it sees.
 
   Args:
@@ -125,8 +126,12 @@ def setup(*, cpu_devices: int | None = None,
       host). Must be set before JAX initialises its backends, so call this first.
     distributed: multi-host settings; jax.distributed starts before any device
       is touched.
+    compile_cache: the folder of JAX's persistent compilation cache (None: off),
+      set before anything compiles.
   """
   import jax
+
+  from mlbench.train import compile_cache as compile_cache_lib
 
   _pin_cpu_without_accelerator()
   if cpu_devices is not None:
@@ -138,6 +143,7 @@ def setup(*, cpu_devices: int | None = None,
       if len(jax.devices("cpu")) != cpu_devices:
         raise UserError(f"cannot switch to {cpu_devices} CPU devices after JAX started with "
                         f"{len(jax.devices('cpu'))}; run in a fresh process") from e
+  compile_cache_lib.configure(compile_cache)
   _start_distributed(distributed)
   return Runtime(process_index=jax.process_index(), process_count=jax.process_count(),
                  devices=jax.devices(), local_devices=jax.local_devices())
