@@ -120,11 +120,15 @@ def main() -> None:
   ap.add_argument("--steps", type=int, default=10)
   ap.add_argument("--warmup", type=int, default=3)
   ap.add_argument("--json", action="store_true", help="one JSON line per row instead of a table")
+  ap.add_argument("--compile-cache", default="off", metavar="DIR|off",
+                  help="JAX's persistent compilation cache: off (the default here, so the "
+                       "compile column measures compiles) or a folder")
   args = ap.parse_args()
 
+  from mlbench import config as config_lib
   from mlbench.train import mfu, runtime
 
-  rt = runtime.setup()
+  rt = runtime.setup(compile_cache=config_lib.compile_cache_dir(args.compile_cache))
   import jax
 
   device = jax.devices()[0]
