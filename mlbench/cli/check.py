@@ -127,6 +127,11 @@ def _print(report, console) -> None:
   console.print("train step matmul/conv inputs: " + ", ".join(
       f"{k} {v}" for k, v in sorted(train.matmul_input_dtypes.items())) + "; parameters: " +
       ", ".join(f"{k} {v}" for k, v in sorted(report.param_dtypes.items())), highlight=False)
+  unreadable = [p.name for p in report.programs if not p.hlo_readable]
+  if unreadable:
+    console.print(f"[yellow]XLA could not print the compiled {', '.join(unreadable)}[/]: "
+                  "collectives and matmul dtypes unknown, no step-time prediction",
+                  highlight=False)
   if report.hbm_bytes_per_device:
     _print_fit(report, console)
   if report.prediction is not None:
@@ -134,6 +139,8 @@ def _print(report, console) -> None:
 
 
 def _collective(p, op: str) -> str:
+  if not p.hlo_readable:
+    return "?"
   n = p.collectives[op]
   return f"{n} ({_mib(p.collective_bytes.get(op, 0))})" if n else "0"
 

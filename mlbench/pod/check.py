@@ -40,6 +40,7 @@ class ProgramReport:
   bytes_accessed: float | None = None  # HBM traffic per device, XLA's count
   xla_seconds: float | None = None     # the TPU compiler's own run-time estimate
   matmul_input_dtypes: dict[str, int] = dataclasses.field(default_factory=dict)
+  hlo_readable: bool = True  # False: XLA could not print the program; no collectives known
 
   @property
   def peak_bytes(self) -> int:
@@ -105,7 +106,10 @@ def _cost(compiled: Any) -> dict[str, float]:
 def _program(name: str, compiled: Any, devices: int) -> ProgramReport:
   mem = compiled.memory_analysis()
   cost = _cost(compiled)
-  text = compiled.as_text()
+  try:
+    text, readable = compiled.as_text(), True
+  except Exception:  # jaxlib fails to re-read some libtpu programs (async ops); keep the rest
+    text, readable = "", False
   coll = hlo.collectives(text, devices)
   flops = cost.get("flops")
   # The TPU compiler's estimate comes out negative for some programs (seen: ResNet-50 on
@@ -119,7 +123,7 @@ def _program(name: str, compiled: Any, devices: int) -> ProgramReport:
       code_bytes=int(mem.generated_code_size_in_bytes), collectives=coll.count,
       collective_bytes=coll.result_bytes, collective_wire_bytes=coll.wire_bytes,
       bytes_accessed=cost.get("bytes accessed"), xla_seconds=xla_s,
-      matmul_input_dtypes=hlo.matmul_input_dtypes(text))
+      matmul_input_dtypes=hlo.matmul_input_dtypes(text), hlo_readable=readable)
 
 
 _OOM = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM "
@@ -218,8 +222,8 @@ def _dtypes(tree: Any) -> dict[str, int]:
 def _predict(acc: accelerators.Accelerator, devices: int, gbs: int, train: ProgramReport,
              model_flops: float, convergence: predict_lib.Convergence | None
              ) -> predict_lib.Prediction | None:
-  if train.flops is None or train.bytes_accessed is None:
-    return None
+  if train.flops is None or train.bytes_accessed is None or not train.hlo_readable:
+    return None  # without the program's collectives the interconnect term is unknown
   roof = predict_lib.roofline(acc, train.flops / devices, train.bytes_accessed,
                               sum(train.collective_wire_bytes.values()))
   return predict_lib.predict(acc, devices, gbs, roof, train.xla_seconds, model_flops, convergence)
