@@ -80,3 +80,34 @@ def test_softmax_in_a_low_precision_has_the_softmax_gradient(dtype):
   assert got(logits).dtype == jnp.float32
   np.testing.assert_allclose(got(logits), want(logits),
                              atol=1e-5 if dtype == jnp.float32 else 5e-2)
+
+
+@pytest.mark.parametrize("name", ["transformer", "bert"])
+def test_remat_full_recomputes_each_layer_and_changes_no_number(name):
+  # model.remat=full wraps every layer in jax.checkpoint: the same parameters, loss and
+  # gradients (dropout on, so the recomputed layers must redraw the same masks).
+  import dataclasses
+
+  from mlbench import config as config_lib
+  from mlbench import registry
+  from mlbench.workload import Split
+
+  workload = registry.get(name)
+  cfg = workload.configs["mini"]()
+  cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dropout=0.1))
+  remat = config_lib.override(cfg, ("model.remat=full",))
+  params, state = workload.init(cfg, jax.random.key(0))
+  assert jax.tree.structure(workload.init(remat, jax.random.key(0))[0]) == \
+      jax.tree.structure(params)
+  batch = workload.synthetic_batch(cfg, Split.TRAIN, 4, np.random.default_rng(0))
+
+  def grad(c):
+    return jax.value_and_grad(
+        lambda p: workload.loss(c, None, p, state, batch, jax.random.key(3))[0])
+
+  remats = lambda c: str(jax.make_jaxpr(grad(c))(params)).count("remat")
+  assert remats(remat) >= remats(cfg) + 2  # (the Transformer's loss remats its own part)
+  (want, want_g), (got, got_g) = jax.jit(grad(cfg))(params), jax.jit(grad(remat))(params)
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  jax.tree.map(lambda g, h: np.testing.assert_allclose(g, h, rtol=1e-5, atol=1e-7), got_g,
+               want_g)

@@ -22,6 +22,13 @@ class DType(enum.Enum):
   BFLOAT16 = "bfloat16"
 
 
+class Remat(enum.Enum):
+  """What each layer keeps for the backward pass (`jax.checkpoint` per layer)."""
+
+  NONE = "none"  # keep every activation (fastest, most memory)
+  FULL = "full"  # keep only each layer's input, recompute the layer in the backward pass
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """BERT (post-LayerNorm Transformer encoder) with masked-LM and next-sentence heads.
@@ -41,6 +48,7 @@ class ModelConfig:
   initializer_range: float = 0.02
   layer_norm_epsilon: float = 1e-12
   dtype: DType = DType.FLOAT32  # activations and matmuls; parameters stay float32
+  remat: Remat = Remat.NONE
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,13 @@ class DType(enum.Enum):
   BFLOAT16 = "bfloat16"
 
 
+class Remat(enum.Enum):
+  """What each layer keeps for the backward pass (`jax.checkpoint` per layer)."""
+
+  NONE = "none"  # keep every activation (fastest, most memory)
+  FULL = "full"  # keep only each layer's input, recompute the layer in the backward pass
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """An encoder-decoder Transformer with pre-LayerNorm blocks and one embedding
@@ -40,6 +47,7 @@ class ModelConfig:
   decoder_layers: int = 6
   dropout: float = 0.1            # residual, embedding and attention-probability dropout
   dtype: DType = DType.FLOAT32    # activations and matmuls; parameters stay float32
+  remat: Remat = Remat.NONE
 
 
 PACKED_RECORDS = 566_340

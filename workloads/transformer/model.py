@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from workloads.common import transformer as blocks
-from workloads.transformer.config import ModelConfig
+from workloads.transformer.config import ModelConfig, Remat
 
 
 def _dtype(cfg: ModelConfig) -> Any:
@@ -69,8 +69,13 @@ class Transformer(nn.Module):
     c = self.cfg
     self.embed = nn.Embed(c.vocab_size, c.width,
                           embedding_init=nn.initializers.normal(stddev=c.width ** -0.5))
-    self.encoder_layers = [_Block(c, name=f"encoder_{i}") for i in range(c.encoder_layers)]
-    self.decoder_layers = [_Block(c, decode=self.decode, name=f"decoder_{i}")
+    # Under remat each layer keeps only its input for the backward pass (the cached
+    # decoder runs no backward pass); `deterministic` (argument 5, counting the module)
+    # stays a Python bool.
+    block = (_Block if c.remat is Remat.NONE or self.decode
+             else nn.remat(_Block, static_argnums=(5,)))
+    self.encoder_layers = [block(c, name=f"encoder_{i}") for i in range(c.encoder_layers)]
+    self.decoder_layers = [block(c, decode=self.decode, name=f"decoder_{i}")
                            for i in range(c.decoder_layers)]
     self.encoder_norm = nn.LayerNorm(dtype=_dtype(c))
     self.decoder_norm = nn.LayerNorm(dtype=_dtype(c))
