@@ -98,8 +98,11 @@ def full() -> BertConfig:
   (mlperf-logging rcp_checker/training_4.0.0/rcps_bert.json): LAMB, learning rate
   0.00288293, beta 0.88/0.88, weight decay 0.0166629, 287 warmup steps starting at
   step -76, 600 training steps, sequences of 512 with up to 76 masked tokens.
+  Matmuls and activations in bfloat16 (parameters, optimizer state and the losses in
+  float32), as MLPerf submissions train; `--precision float32` (or `--set
+  model.dtype=float32`) for full precision.
   """
-  return BertConfig()
+  return BertConfig(model=ModelConfig(dtype=DType.BFLOAT16))
 
 
 def mini() -> BertConfig:

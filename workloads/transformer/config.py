@@ -120,9 +120,11 @@ def full() -> TransformerConfig:
   """Transformer-big at batch 2048 sequences of up to 256 tokens, the shape of
   Google's MLPerf v0.7 JAX submission on TPU-v3 pods; Adam (0.9, 0.98, 1e-9) with
   1,000 warmup steps, label smoothing 0.1, beam 4 with length penalty 0.6,
-  target 25.0 uncased BLEU on newstest2014.
+  target 25.0 uncased BLEU on newstest2014. Matmuls and activations in bfloat16
+  (parameters, optimizer state and the loss in float32), as MLPerf submissions
+  train; `--precision float32` (or `--set model.dtype=float32`) for full precision.
   """
-  return TransformerConfig()
+  return TransformerConfig(model=ModelConfig(dtype=DType.BFLOAT16))
 
 
 def mini() -> TransformerConfig:
