@@ -90,7 +90,12 @@ class Bert(nn.Module):
                           name="mlm_transform")(x_BPH))
     x_BPH = nn.LayerNorm(epsilon=c.layer_norm_epsilon, name="mlm_layer_norm")(x_BPH)
     bias_V = self.param("mlm_output_bias", nn.initializers.zeros, (c.vocab_size,))
-    return word.attend(x_BPH.astype(jnp.float32)) + bias_V
+    # The tied embedding, transposed: operands in the compute dtype (no float32 copy
+    # of the table or the activations), products accumulated and returned in float32.
+    dt = _dtype(c)
+    logits_BPV = jnp.einsum("bph,vh->bpv", x_BPH.astype(dt), word.embedding.astype(dt),
+                            preferred_element_type=jnp.float32)
+    return logits_BPV + bias_V
 
   def _next_sentence(self, x_BLH: jax.Array) -> jax.Array:
     c = self.cfg
