@@ -54,7 +54,7 @@ def test_the_dropout_path_and_the_fused_path_compute_the_same_attention(dtype, t
 
 
 def test_attention_dropout_drops_probabilities_only_in_training():
-  q, k, v, bias = _qkv_bias(jnp.float32)
+  *_, bias = _qkv_bias(jnp.float32)
   attention = blocks.Attention(num_heads=3, head_dim=8, dropout=0.1)
   x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 6, 24)), jnp.float32)
   params = attention.init(jax.random.key(0), x)

@@ -78,7 +78,7 @@ def token_losses(cfg: TransformerConfig, params: Any, features_BLH: jax.Array,
   (`lax.map` over slices of the sequence), under `jax.checkpoint`, so the [B, L, V]
   logits never exist whole, not even in the backward pass.
   """
-  b, n, h = features_BLH.shape
+  b, n, _ = features_BLH.shape
   chunk = max(d for d in range(1, min(n, LOSS_CHUNK) + 1) if n % d == 0)
   model = Transformer(cfg.model)
 
