@@ -91,8 +91,10 @@ def test_the_does_not_fit_hint_names_remat_only_where_the_config_has_it():
   from mlbench.pod import check
   from workloads.bert import config as bert_config
   from workloads.llama31_8b import config as llama_config
+  from workloads.resnet50 import config as resnet_config
 
-  assert check.remat_hint(bert_config.full()) == ""  # BERT has no model.remat key
+  assert check.remat_hint(resnet_config.full()) == ""  # ResNet-50 has no model.remat key
+  assert check.remat_hint(bert_config.full()) == ", remat (--set model.remat=full)"
   assert check.remat_hint(llama_config.full()) == ""  # already full remat
   no_remat = llama_config.mini()
   assert no_remat.model.remat is llama_config.Remat.NONE

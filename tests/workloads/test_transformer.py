@@ -288,6 +288,90 @@ def test_label_smoothing_is_the_references():
   soft = np.where(np.arange(v) == targets[..., None], confidence, low)
   log_probs = logits - np.log(np.exp(logits.astype(np.float64)).sum(-1, keepdims=True))
   want = -(soft * log_probs).sum(-1) - constant
-  got, weights = train._token_nll(cfg, jnp.asarray(logits), jnp.asarray(targets), a)
+  got = train.smoothed_cross_entropy(jnp.asarray(logits), jnp.asarray(targets), a)
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
-  np.testing.assert_array_equal(np.asarray(weights), targets > 0)
+
+
+def _one_hot_loss(logits, targets, a):
+  """The formula the closed form replaced: a one-hot [B, L, V] of soft targets."""
+  import optax
+
+  v = logits.shape[-1]
+  confidence, low = 1.0 - a, a / (v - 1)
+  entropy = -(confidence * np.log(confidence) + (v - 1) * low * np.log(low + 1e-20))
+  soft = jax.nn.one_hot(targets, v) * (confidence - low) + low
+  return optax.softmax_cross_entropy(logits.astype(jnp.float32), soft) - entropy
+
+
+@pytest.mark.parametrize("a, dtype", [(0.1, jnp.float32), (0.0, jnp.float32),
+                                      (0.3, jnp.float32), (0.1, jnp.bfloat16)])
+def test_closed_form_label_smoothing_equals_the_one_hot_formula(a, dtype):
+  from workloads.transformer import train
+
+  rng = np.random.default_rng(1)
+  logits = jnp.asarray(rng.standard_normal((3, 5, 97)) * 4, dtype)
+  targets = jnp.asarray(rng.integers(0, 97, (3, 5)), jnp.int32)
+  weights = rng.random((3, 5)).astype(np.float32)
+  total = lambda f: lambda z: (f(z, targets, a) * weights).sum()
+  want, want_grad = jax.value_and_grad(total(_one_hot_loss))(logits)
+  got, got_grad = jax.value_and_grad(total(train.smoothed_cross_entropy))(logits)
+  assert got.dtype == jnp.float32
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(got_grad, np.float32), np.asarray(want_grad, np.float32),
+                             atol=1e-6 if dtype == jnp.float32 else 1e-2)
+
+
+def test_loss_over_slices_of_positions_equals_the_loss_over_whole_logits(monkeypatch):
+  # The loss projects and scores LOSS_CHUNK positions at a time (under remat); value,
+  # accuracy and gradients must be those of the whole [B, L, V] logits.
+  from workloads.transformer import train
+
+  cfg = config.mini()
+  params, _ = WORKLOAD.init(cfg, jax.random.key(0))
+  batch = WORKLOAD.synthetic_batch(cfg, Split.TRAIN, 4, np.random.default_rng(0))
+  inputs, targets = jnp.asarray(batch["inputs"]), jnp.asarray(batch["targets"])
+  w = (targets > 0).astype(jnp.float32)
+
+  def whole(p):
+    logits = model.Transformer(cfg.model).apply({"params": p}, inputs, targets)
+    nll = train.smoothed_cross_entropy(logits, targets, 0.1)
+    return (nll * w).sum(), (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
+
+  def sliced(p):
+    features = model.Transformer(cfg.model).apply({"params": p}, inputs, targets,
+                                                  method=model.Transformer.features)
+    nll, hits = train.token_losses(cfg, p, features, targets, 0.1)
+    return (nll * w).sum(), hits
+
+  monkeypatch.setattr(train, "LOSS_CHUNK", 8)  # 24 positions: 3 slices
+  (want, want_hits), want_grad = jax.value_and_grad(whole, has_aux=True)(params)
+  (got, got_hits), got_grad = jax.value_and_grad(sliced, has_aux=True)(params)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  np.testing.assert_array_equal(got_hits, want_hits)
+  jax.tree.map(lambda g, h: np.testing.assert_allclose(g, h, rtol=1e-4, atol=1e-5),
+               got_grad, want_grad)
+
+
+def test_synthetic_packed_training_rows_fill_every_position():
+  # As Google's packed records (566,340 rows of 256 tokens): several pairs per row,
+  # each with its own segment id and positions from 0, every position used, so a
+  # synthetic step does a real step's work. Each pair ends in EOS; its target is its
+  # source reversed (EOS kept last).
+  cfg = config.full()
+  assert cfg.data.packed
+  batch = WORKLOAD.synthetic_batch(cfg, Split.TRAIN, 8, np.random.default_rng(0))
+  assert set(batch) == {"inputs", "targets", *input_pipeline.PACKING}
+  assert (batch["inputs"] > 0).all() and (batch["targets"] > 0).all()
+  for side in ("inputs", "targets"):
+    np.testing.assert_array_equal(batch[f"{side}_segmentation"], batch["inputs_segmentation"])
+  for row in range(8):
+    seg = batch["inputs_segmentation"][row]
+    assert seg[0] == 1 and set(np.diff(seg)) <= {0, 1} and seg[-1] >= 2
+    for s in np.unique(seg):
+      at = seg == s
+      np.testing.assert_array_equal(batch["inputs_position"][row][at], np.arange(at.sum()))
+      src, tgt = batch["inputs"][row][at], batch["targets"][row][at]
+      assert src[-1] == tgt[-1] == vocab.EOS and at.sum() >= 2
+      np.testing.assert_array_equal(tgt[:-1], src[:-1][::-1])
+  unpacked = WORKLOAD.synthetic_batch(config.mini(), Split.TRAIN, 8, np.random.default_rng(0))
+  assert (unpacked["inputs"] == 0).any() and unpacked["inputs_segmentation"].max() == 1

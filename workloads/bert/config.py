@@ -22,6 +22,13 @@ class DType(enum.Enum):
   BFLOAT16 = "bfloat16"
 
 
+class Remat(enum.Enum):
+  """What each layer keeps for the backward pass (`jax.checkpoint` per layer)."""
+
+  NONE = "none"  # keep every activation (fastest, most memory)
+  FULL = "full"  # keep only each layer's input, recompute the layer in the backward pass
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """BERT (post-LayerNorm Transformer encoder) with masked-LM and next-sentence heads.
@@ -41,6 +48,7 @@ class ModelConfig:
   initializer_range: float = 0.02
   layer_norm_epsilon: float = 1e-12
   dtype: DType = DType.FLOAT32  # activations and matmuls; parameters stay float32
+  remat: Remat = Remat.NONE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +98,11 @@ def full() -> BertConfig:
   (mlperf-logging rcp_checker/training_4.0.0/rcps_bert.json): LAMB, learning rate
   0.00288293, beta 0.88/0.88, weight decay 0.0166629, 287 warmup steps starting at
   step -76, 600 training steps, sequences of 512 with up to 76 masked tokens.
+  Matmuls and activations in bfloat16 (parameters, optimizer state and the losses in
+  float32), as MLPerf submissions train; `--precision float32` (or `--set
+  model.dtype=float32`) for full precision.
   """
-  return BertConfig()
+  return BertConfig(model=ModelConfig(dtype=DType.BFLOAT16))
 
 
 def mini() -> BertConfig:

@@ -22,7 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from workloads.bert.config import ModelConfig
+from workloads.bert.config import ModelConfig, Remat
 from workloads.common import transformer as blocks
 
 
@@ -76,8 +76,11 @@ class Bert(nn.Module):
     x_BLH = nn.LayerNorm(epsilon=c.layer_norm_epsilon, name="embeddings_layer_norm")(x_BLH)
     x_BLH = nn.Dropout(c.dropout)(x_BLH, deterministic=deterministic).astype(_dtype(c))
     bias_B11L = blocks.padding_bias(batch["input_mask"])
+    # Under remat each layer keeps only its input for the backward pass;
+    # `deterministic` (argument 3, counting the module) stays a Python bool.
+    layer = Layer if c.remat is Remat.NONE else nn.remat(Layer, static_argnums=(3,))
     for i in range(c.num_layers):
-      x_BLH = Layer(c, name=f"layer_{i}")(x_BLH, bias_B11L, deterministic)
+      x_BLH = layer(c, name=f"layer_{i}")(x_BLH, bias_B11L, deterministic)
     return self._masked_lm(x_BLH, batch["masked_lm_positions"], word), self._next_sentence(x_BLH)
 
   def _masked_lm(self, x_BLH: jax.Array, positions_BP: jax.Array, word: nn.Embed) -> jax.Array:
@@ -87,7 +90,12 @@ class Bert(nn.Module):
                           name="mlm_transform")(x_BPH))
     x_BPH = nn.LayerNorm(epsilon=c.layer_norm_epsilon, name="mlm_layer_norm")(x_BPH)
     bias_V = self.param("mlm_output_bias", nn.initializers.zeros, (c.vocab_size,))
-    return word.attend(x_BPH.astype(jnp.float32)) + bias_V
+    # The tied embedding, transposed: operands in the compute dtype (no float32 copy
+    # of the table or the activations), products accumulated and returned in float32.
+    dt = _dtype(c)
+    logits_BPV = jnp.einsum("bph,vh->bpv", x_BPH.astype(dt), word.embedding.astype(dt),
+                            preferred_element_type=jnp.float32)
+    return logits_BPV + bias_V
 
   def _next_sentence(self, x_BLH: jax.Array) -> jax.Array:
     c = self.cfg

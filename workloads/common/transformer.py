@@ -48,7 +48,7 @@ class Attention(nn.Module):
     num_heads: N.
     head_dim: D.
     dropout: dropout rate on the attention probabilities.
-    dtype: activation and matmul dtype; softmax runs in float32.
+    dtype: activation and matmul dtype; scores and softmax run in float32.
     kernel_init: initialiser of the four projection kernels.
     decode: self-attention one position at a time, with keys and values kept in
       the `cache` collection (created, at full length, by `init` with decode on).
@@ -82,13 +82,13 @@ class Attention(nn.Module):
     v_BSND = proj(name="value")(source_BSH)
     if self.decode:
       k_BSND, v_BSND, bias_B1LS = self._cached(k_BSND, v_BSND, bias_B1LS)
-    q_BLND = q_BLND / jnp.sqrt(self.head_dim).astype(q_BLND.dtype)
-    logits_BNLS = jnp.einsum("blnd,bsnd->bnls", q_BLND, k_BSND).astype(jnp.float32)
-    if bias_B1LS is not None:
-      logits_BNLS = logits_BNLS + bias_B1LS
-    probs_BNLS = jax.nn.softmax(logits_BNLS, axis=-1)
-    probs_BNLS = nn.Dropout(self.dropout)(probs_BNLS, deterministic=deterministic)
-    out_BLND = jnp.einsum("bnls,bsnd->blnd", probs_BNLS.astype(v_BSND.dtype), v_BSND)
+    if deterministic or self.dropout == 0.0:
+      # The fused kernel where the backend has one (cuDNN on GPU when asked for; XLA's
+      # own otherwise). It has no dropout on the probabilities, hence the other path.
+      out_BLND = jax.nn.dot_product_attention(q_BLND, k_BSND, v_BSND, bias=bias_B1LS)
+    else:
+      drop = functools.partial(nn.Dropout(self.dropout), deterministic=False)
+      out_BLND = attention_with_dropout(q_BLND, k_BSND, v_BSND, bias_B1LS, drop)
     return nn.DenseGeneral(x_BLH.shape[-1], axis=(-2, -1), kernel_init=self.kernel_init,
                            dtype=self.dtype, use_bias=self.use_bias, name="output")(out_BLND)
 
@@ -107,6 +107,46 @@ class Attention(nn.Module):
     seen_S = jnp.arange(key.value.shape[1]) <= i
     step_bias = jnp.where(seen_S, 0.0, NEG_INF)[None, None, None, :]
     return key.value, value.value, step_bias if bias is None else bias + step_bias
+
+
+def attention_with_dropout(q_BLND: jax.Array, k_BSND: jax.Array, v_BSND: jax.Array,
+                           bias_B1LS: jax.Array | None,
+                           dropout: Callable[[jax.Array], jax.Array]) -> jax.Array:
+  """Attention with `dropout` on the probabilities (BERT's and the MLPerf Transformer's
+  0.1 in training): scores accumulated in float32, probabilities kept in the compute
+  dtype, so the [B, N, L, S] tensors saved for the backward pass are the low-precision
+  probabilities and the dropout mask, not float32 logits and probabilities."""
+  q_BLND = q_BLND * jnp.asarray(q_BLND.shape[-1] ** -0.5, q_BLND.dtype)
+  logits_BNLS = jnp.einsum("blnd,bsnd->bnls", q_BLND, k_BSND,
+                           preferred_element_type=jnp.float32)
+  if bias_B1LS is not None:
+    logits_BNLS = logits_BNLS + bias_B1LS
+  probs_BNLS = dropout(softmax_in(logits_BNLS, v_BSND.dtype))
+  return jnp.einsum("bnls,bsnd->blnd", probs_BNLS, v_BSND)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def softmax_in(logits: jax.Array, dtype: Any) -> jax.Array:
+  """softmax over the last axis, computed in float32 and returned in `dtype`; its
+  gradient is computed from that `dtype` copy. jax.nn.softmax would keep its float32
+  output for the backward pass, a second, larger copy of every [B, N, L, S]
+  probability tensor beside the one the value matmul keeps."""
+  return jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(dtype)
+
+
+def _softmax_in_fwd(logits: jax.Array, dtype: Any) -> tuple[jax.Array, tuple[jax.Array, Any]]:
+  probs = softmax_in(logits, dtype)
+  return probs, (probs, jnp.zeros((), logits.dtype))
+
+
+def _softmax_in_bwd(dtype: Any, res: tuple[jax.Array, jax.Array], g: jax.Array):
+  del dtype
+  probs, like = res
+  y, g = probs.astype(jnp.float32), g.astype(jnp.float32)
+  return ((y * (g - (g * y).sum(-1, keepdims=True))).astype(like.dtype),)
+
+
+softmax_in.defvjp(_softmax_in_fwd, _softmax_in_bwd)
 
 
 class Mlp(nn.Module):

@@ -23,6 +23,13 @@ class DType(enum.Enum):
   BFLOAT16 = "bfloat16"
 
 
+class Remat(enum.Enum):
+  """What each layer keeps for the backward pass (`jax.checkpoint` per layer)."""
+
+  NONE = "none"  # keep every activation (fastest, most memory)
+  FULL = "full"  # keep only each layer's input, recompute the layer in the backward pass
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """An encoder-decoder Transformer with pre-LayerNorm blocks and one embedding
@@ -40,6 +47,7 @@ class ModelConfig:
   decoder_layers: int = 6
   dropout: float = 0.1            # residual, embedding and attention-probability dropout
   dtype: DType = DType.FLOAT32    # activations and matmuls; parameters stay float32
+  remat: Remat = Remat.NONE
 
 
 PACKED_RECORDS = 566_340
@@ -112,9 +120,11 @@ def full() -> TransformerConfig:
   """Transformer-big at batch 2048 sequences of up to 256 tokens, the shape of
   Google's MLPerf v0.7 JAX submission on TPU-v3 pods; Adam (0.9, 0.98, 1e-9) with
   1,000 warmup steps, label smoothing 0.1, beam 4 with length penalty 0.6,
-  target 25.0 uncased BLEU on newstest2014.
+  target 25.0 uncased BLEU on newstest2014. Matmuls and activations in bfloat16
+  (parameters, optimizer state and the loss in float32), as MLPerf submissions
+  train; `--precision float32` (or `--set model.dtype=float32`) for full precision.
   """
-  return TransformerConfig()
+  return TransformerConfig(model=ModelConfig(dtype=DType.BFLOAT16))
 
 
 def mini() -> TransformerConfig:

@@ -95,19 +95,46 @@ def decode(cfg: TransformerConfig, split: Split):
 def synthetic_batch(cfg: TransformerConfig, split: Split, batch_size: int,
                     rng: np.random.Generator) -> dict[str, np.ndarray]:
   """Random sentences with `decode`'s keys, shapes and dtypes; the target is the
-  source reversed, so there is something to learn."""
-  n, v = cfg.data.max_length, cfg.model.vocab_size
-  lengths = rng.integers(max(2, n // 4), n, batch_size)
-  inputs = np.zeros((batch_size, n), np.int32)
-  targets = np.zeros((batch_size, n), np.int32)
-  for i, length in enumerate(lengths):
-    words = rng.integers(vocab.UNK + 1, v, length - 1)
-    inputs[i, :length] = [*words, vocab.EOS]
-    targets[i, :length] = [*words[::-1], vocab.EOS]
-  out = {"inputs": inputs, "targets": targets}
-  if split is Split.TRAIN:
-    for side in FEATURES:
-      real = (out[side] > 0).astype(np.int32)
-      out[f"{side}_segmentation"] = real
-      out[f"{side}_position"] = (np.arange(n, dtype=np.int32) * real).astype(np.int32)
+  source reversed, so there is something to learn. Training rows of packed data are
+  packed as Google's records are (several pairs to a row, every position used), so a
+  step on them does the work of a real one; other rows hold one padded pair."""
+  n = cfg.data.max_length
+  rows = [_packed_row(cfg, rng) if split is Split.TRAIN and cfg.data.packed
+          else _one_pair_row(cfg, rng) for _ in range(batch_size)]
+  out = {k: np.stack([row[k] for row in rows]).astype(np.int32).reshape(batch_size, n)
+         for k in (FEATURES + PACKING if split is Split.TRAIN else FEATURES)}
   return out
+
+
+def _pair(cfg: TransformerConfig, length: int, rng: np.random.Generator):
+  words = rng.integers(vocab.UNK + 1, cfg.model.vocab_size, length - 1)
+  return [*words, vocab.EOS], [*words[::-1], vocab.EOS]
+
+
+def _one_pair_row(cfg: TransformerConfig, rng: np.random.Generator) -> dict[str, np.ndarray]:
+  n = cfg.data.max_length
+  length = int(rng.integers(max(2, n // 4), n))
+  row = {k: np.zeros(n, np.int32) for k in FEATURES + PACKING}
+  row["inputs"][:length], row["targets"][:length] = _pair(cfg, length, rng)
+  for side in FEATURES:
+    row[f"{side}_segmentation"][:length] = 1
+    row[f"{side}_position"][:length] = np.arange(length)
+  return row
+
+
+def _packed_row(cfg: TransformerConfig, rng: np.random.Generator) -> dict[str, np.ndarray]:
+  """Pairs of 2 to n/2 tokens, segments 1, 2, ..., until all n positions are used."""
+  n = cfg.data.max_length
+  row = {k: np.zeros(n, np.int32) for k in FEATURES + PACKING}
+  start, segment = 0, 1
+  while start < n:
+    length = min(n - start, int(rng.integers(2, max(3, n // 2 + 1))))
+    if n - start - length == 1:  # a 1-token pair would be EOS alone
+      length += 1
+    end = start + length
+    row["inputs"][start:end], row["targets"][start:end] = _pair(cfg, length, rng)
+    for side in FEATURES:
+      row[f"{side}_segmentation"][start:end] = segment
+      row[f"{side}_position"][start:end] = np.arange(length)
+    start, segment = end, segment + 1
+  return row

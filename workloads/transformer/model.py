@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from workloads.common import transformer as blocks
-from workloads.transformer.config import ModelConfig
+from workloads.transformer.config import ModelConfig, Remat
 
 
 def _dtype(cfg: ModelConfig) -> Any:
@@ -69,8 +69,13 @@ class Transformer(nn.Module):
     c = self.cfg
     self.embed = nn.Embed(c.vocab_size, c.width,
                           embedding_init=nn.initializers.normal(stddev=c.width ** -0.5))
-    self.encoder_layers = [_Block(c, name=f"encoder_{i}") for i in range(c.encoder_layers)]
-    self.decoder_layers = [_Block(c, decode=self.decode, name=f"decoder_{i}")
+    # Under remat each layer keeps only its input for the backward pass (the cached
+    # decoder runs no backward pass); `deterministic` (argument 5, counting the module)
+    # stays a Python bool.
+    block = (_Block if c.remat is Remat.NONE or self.decode
+             else nn.remat(_Block, static_argnums=(5,)))
+    self.encoder_layers = [block(c, name=f"encoder_{i}") for i in range(c.encoder_layers)]
+    self.decoder_layers = [block(c, decode=self.decode, name=f"decoder_{i}")
                            for i in range(c.decoder_layers)]
     self.encoder_norm = nn.LayerNorm(dtype=_dtype(c))
     self.decoder_norm = nn.LayerNorm(dtype=_dtype(c))
@@ -94,7 +99,14 @@ class Transformer(nn.Module):
   def decode_logits(self, encoded_BSH: jax.Array, inputs_BS: jax.Array,
                     targets_in_BL: jax.Array, deterministic: bool = True,
                     packing: Packing | None = None) -> jax.Array:
-    """Next-token logits [B, L, V] for the (right-shifted) target prefix."""
+    """Next-token logits [B, L, V] (float32) for the (right-shifted) target prefix."""
+    return self.project(self.decode_features(encoded_BSH, inputs_BS, targets_in_BL,
+                                             deterministic, packing))
+
+  def decode_features(self, encoded_BSH: jax.Array, inputs_BS: jax.Array,
+                      targets_in_BL: jax.Array, deterministic: bool = True,
+                      packing: Packing | None = None) -> jax.Array:
+    """The decoder's normalised output [B, L, H] (compute dtype), before `project`."""
     p = packing or {}
     if self.decode:
       offset = self.position.value
@@ -112,8 +124,16 @@ class Transformer(nn.Module):
       cross_bias = cross_bias + segment_bias(t_seg, i_seg)
     for layer in self.decoder_layers:
       x_BLH = layer(x_BLH, self_bias, encoded_BSH, cross_bias, deterministic)
-    x_BLH = self.decoder_norm(x_BLH)
-    return self.embed.attend(x_BLH.astype(jnp.float32))
+    return self.decoder_norm(x_BLH)
+
+  def project(self, x_BLH: jax.Array) -> jax.Array:
+    """Logits [B, L, V]: `x_BLH` times the shared embedding, transposed. Both operands
+    in the compute dtype, the product accumulated and returned in float32: a float32
+    copy of the activations (or of the table) would double the matmul's traffic, and
+    bfloat16 logits would round away the differences softmax needs."""
+    dt = _dtype(self.cfg)
+    return jnp.einsum("blh,vh->blv", x_BLH.astype(dt), self.embed.embedding.astype(dt),
+                      preferred_element_type=jnp.float32)
 
   def _embed_at(self, ids_BL: jax.Array, offset: Any, deterministic: bool,
                 positions_BL: jax.Array | None = None) -> jax.Array:
@@ -131,11 +151,18 @@ class Transformer(nn.Module):
 
   def __call__(self, inputs_BS: jax.Array, targets_BL: jax.Array,
                deterministic: bool = True, packing: Packing | None = None) -> jax.Array:
-    """`packing`: the `*_segmentation` and `*_position` arrays of packed rows. The
-    whole row is shifted right, as the reference does (models.py L878-880)."""
+    """Teacher-forced logits [B, L, V] (float32). `packing`: the `*_segmentation` and
+    `*_position` arrays of packed rows. The whole row is shifted right, as the
+    reference does (models.py L878-880)."""
+    return self.project(self.features(inputs_BS, targets_BL, deterministic, packing))
+
+  def features(self, inputs_BS: jax.Array, targets_BL: jax.Array,
+               deterministic: bool = True, packing: Packing | None = None) -> jax.Array:
+    """Teacher-forced decoder output [B, L, H] before `project`: what the training loss
+    turns into logits a slice of positions at a time (see train.token_losses)."""
     encoded_BSH = self.encode(inputs_BS, deterministic, packing)
-    return self.decode_logits(encoded_BSH, inputs_BS, shift_right(targets_BL), deterministic,
-                              packing)
+    return self.decode_features(encoded_BSH, inputs_BS, shift_right(targets_BL),
+                                deterministic, packing)
 
 
 Packing = dict

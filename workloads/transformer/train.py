@@ -38,21 +38,61 @@ def init(cfg: TransformerConfig, rng: jax.Array) -> tuple[Any, Any]:
   return Transformer(cfg.model).init(rng, ids, ids)["params"], {}
 
 
-def _token_nll(cfg: TransformerConfig, logits_BLV: jax.Array, targets_BL: jax.Array,
-               smoothing: float) -> tuple[jax.Array, jax.Array]:
-  """Label-smoothed cross-entropy per target token, and the weights (0 on padding).
+def smoothed_cross_entropy(logits_BLV: jax.Array, targets_BL: jax.Array,
+                           smoothing: float) -> jax.Array:
+  """Label-smoothed cross-entropy per target token (float32), in closed form.
 
   As the reference (training_results_v0.7 Google transformer train.py L316-327, and
-  tensor2tensor's padded_cross_entropy_loss): the target gets 1 - a, every other
-  token a / (V - 1) (optax.smooth_labels would give a / V to all), and the soft
-  targets' own entropy is subtracted, so a perfect prediction scores 0.
+  tensor2tensor's padded_cross_entropy_loss): the target gets c = 1 - a, every other
+  token l = a / (V - 1) (optax.smooth_labels would give a / V to all), and the soft
+  targets' own entropy is subtracted, so a perfect prediction scores 0. Since the
+  soft targets sum to 1, -sum(soft * log_softmax(z)) = logsumexp(z) - (c - l) z_t -
+  l sum(z): three reductions over the vocabulary that XLA fuses with the float32
+  conversion, instead of a one-hot [B, L, V] target and a float32 log-softmax copy.
   """
-  v = cfg.model.vocab_size
+  v = logits_BLV.shape[-1]
   confidence, low = 1.0 - smoothing, smoothing / (v - 1)
   entropy = -(confidence * np.log(confidence) + (v - 1) * low * np.log(low + 1e-20))
-  soft_BLV = jax.nn.one_hot(targets_BL, v) * (confidence - low) + low
-  nll_BL = optax.softmax_cross_entropy(logits_BLV, soft_BLV) - entropy
-  return nll_BL, (targets_BL > 0).astype(jnp.float32)
+  z_BLV = logits_BLV.astype(jnp.float32)
+  # A compare-and-select rather than a gather: it fuses into the reduction, and so
+  # does its gradient (a gather's is a scatter into a fresh [B, L, V] buffer).
+  is_target_BLV = jnp.arange(v, dtype=jnp.int32) == targets_BL[..., None]
+  target_BL = jnp.where(is_target_BLV, z_BLV, 0.0).sum(-1)
+  nll_BL = (jax.nn.logsumexp(z_BLV, axis=-1) - (confidence - low) * target_BL
+            - low * z_BLV.sum(-1))
+  return nll_BL - entropy
+
+
+LOSS_CHUNK = 32
+"""Target positions whose logits exist at once in the loss. Transformer-big's logits
+at 256 x 256 tokens are 8.2 GiB in float32, and autodiff would keep them, their
+gradient and softmax's temporaries alive together; a slice of 32 positions at a
+time, recomputed for the backward pass, keeps one eighth of one copy."""
+
+
+def token_losses(cfg: TransformerConfig, params: Any, features_BLH: jax.Array,
+                 targets_BL: jax.Array, smoothing: float) -> tuple[jax.Array, jax.Array]:
+  """(label-smoothed NLL, 1.0 where argmax is the target) per target token, [B, L].
+
+  The output projection and the loss run over `LOSS_CHUNK` positions at a time
+  (`lax.map` over slices of the sequence), under `jax.checkpoint`, so the [B, L, V]
+  logits never exist whole, not even in the backward pass.
+  """
+  b, n, _ = features_BLH.shape
+  chunk = max(d for d in range(1, min(n, LOSS_CHUNK) + 1) if n % d == 0)
+  model = Transformer(cfg.model)
+
+  @jax.checkpoint
+  def one(x_BCH: jax.Array, t_BC: jax.Array) -> tuple[jax.Array, jax.Array]:
+    logits_BCV = model.apply({"params": params}, x_BCH, method=Transformer.project)
+    hits_BC = (jnp.argmax(logits_BCV, -1) == t_BC).astype(jnp.float32)
+    return smoothed_cross_entropy(logits_BCV, t_BC, smoothing), hits_BC
+
+  slices = lambda x: x.reshape(b, n // chunk, chunk, *x.shape[2:]).swapaxes(0, 1)
+  nll_KBC, hits_KBC = jax.lax.map(lambda xs: one(*xs), (slices(features_BLH),
+                                                        slices(targets_BL)))
+  whole = lambda x: x.swapaxes(0, 1).reshape(b, n)
+  return whole(nll_KBC), whole(hits_KBC)
 
 
 def loss(cfg: TransformerConfig, ctx: StepContext, params: Any, state: Any, batch: Batch,
@@ -60,14 +100,15 @@ def loss(cfg: TransformerConfig, ctx: StepContext, params: Any, state: Any, batc
   """Label-smoothed cross-entropy, averaged over the real target tokens of the batch."""
   del ctx
   packing = {k: batch[k] for k in PACKING if k in batch}
-  logits_BLV = Transformer(cfg.model).apply({"params": params}, batch["inputs"],
-                                            batch["targets"], deterministic=False,
-                                            packing=packing, rngs={"dropout": rng})
-  nll_BL, w_BL = _token_nll(cfg, logits_BLV, batch["targets"], cfg.optimizer.label_smoothing)
+  features_BLH = Transformer(cfg.model).apply(
+      {"params": params}, batch["inputs"], batch["targets"], deterministic=False,
+      packing=packing, rngs={"dropout": rng}, method=Transformer.features)
+  nll_BL, hits_BL = token_losses(cfg, params, features_BLH, batch["targets"],
+                                 cfg.optimizer.label_smoothing)
+  w_BL = (batch["targets"] > 0).astype(jnp.float32)
   tokens = w_BL.sum()
-  hits = ((jnp.argmax(logits_BLV, -1) == batch["targets"]) * w_BL).sum()
-  return (nll_BL * w_BL).sum() / tokens, (state, {"token_accuracy": hits / tokens,
-                                                  "target_tokens": tokens})
+  return (nll_BL * w_BL).sum() / tokens, (state, {"token_accuracy": (hits_BL * w_BL).sum()
+                                                  / tokens, "target_tokens": tokens})
 
 
 def translate(cfg: TransformerConfig, params: Any, inputs_BS: jax.Array) -> jax.Array:
@@ -98,9 +139,10 @@ def eval_step(cfg: TransformerConfig, ctx: StepContext, params: Any, state: Any,
               batch: Batch) -> dict[str, jax.Array]:
   """Per sentence: the beam-search translation, and the teacher-forced NLL sums."""
   del ctx, state
-  logits_BLV = Transformer(cfg.model).apply({"params": params}, batch["inputs"],
-                                            batch["targets"])
-  nll_BL, w_BL = _token_nll(cfg, logits_BLV, batch["targets"], 0.0)
+  features_BLH = Transformer(cfg.model).apply({"params": params}, batch["inputs"],
+                                              batch["targets"], method=Transformer.features)
+  nll_BL, _ = token_losses(cfg, params, features_BLH, batch["targets"], 0.0)
+  w_BL = (batch["targets"] > 0).astype(jnp.float32)
   return {"translation": translate(cfg, params, batch["inputs"]),
           "nll": (nll_BL * w_BL).sum(-1), "target_tokens": w_BL.sum(-1)}
 
