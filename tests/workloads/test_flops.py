@@ -127,13 +127,16 @@ def _lowered(name: str, cfg) -> float:
 
 def _small_full(name: str):
   """The full config, cut where lowering it whole would be slow (layers, length) or
-  where XLA's count is known to mislead: a scanned layer stack is counted once,
-  rematerialisation counts the recomputed forward again, and capacity slots left
-  empty by the router are still multiplied."""
+  where XLA's count is known to mislead: a loop's body (a scanned layer stack, the
+  Transformer's loss over slices of 32 positions) is counted once, rematerialisation
+  counts the recomputed forward again, and capacity slots left empty by the router
+  are still multiplied."""
   cfg = _config(name, "full")
   m = cfg.model
   if name == "bert":
     return dataclasses.replace(cfg, model=dataclasses.replace(m, num_layers=2))
+  if name == "transformer":  # one slice of the loss
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_length=32))
   if name == "moe":
     m = dataclasses.replace(m, num_layers=2, moe=dataclasses.replace(m.moe, capacity_factor=1.0))
     return dataclasses.replace(cfg, model=m, data=dataclasses.replace(
