@@ -9,10 +9,9 @@ import json
 
 import jax
 import numpy as np
-import pytest
 
 from mlbench.train import data, sharding, steps
-from mlbench.workload import Split, StepContext
+from mlbench.workload import Split
 from workloads.bert import WORKLOAD, config, input_pipeline, model, pretraining_data, pydoc
 
 HEADS = ("mlm_transform", "mlm_layer_norm", "mlm_output_bias", "next_sentence")
