@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -98,7 +99,9 @@ def test_an_unwritable_results_dir_fails_before_training(mlbench, tmp_path, data
 
 @pytest.mark.slow
 def test_after_sigkill_the_next_run_files_the_leftover_away(mlbench, tmp_path, data_dir):
-  """A real run killed outright leaves a pending log; validate ignores it, run moves it."""
+  """A real run killed outright leaves a pending log; validate ignores it, run moves it.
+  That next run, aborted (a budget too small for the target), still files its log, after a
+  result_0.txt put there meanwhile, which it never clobbers."""
   folder = tmp_path / "results" / "results" / "cpu-test" / "resnet"
   env = {**os.environ}
   env.pop("XLA_FLAGS", None)
@@ -116,10 +119,16 @@ def test_after_sigkill_the_next_run_files_the_leftover_away(mlbench, tmp_path, d
   out = mlbench("validate", str(tmp_path / "results"), cwd=tmp_path, timeout=300)
   assert out.returncode == 1 and "runs: no result_*.txt files" in out.stderr, out.stderr
   assert "note: ignoring 1 log(s) of killed runs in" in out.stderr
+  (folder / "result_0.txt").write_text("an earlier run")
   out = mlbench(*args, cwd=tmp_path)
-  assert out.returncode == 1, out.stderr  # Too short to reach the target; filed as result_0.
+  assert out.returncode == 1, out.stderr  # Did not reach the target: exit 1, not 2.
   assert f"note: {leftover.name} was left by a run that no longer runs" in out.stderr
-  assert sorted(p.name for p in folder.iterdir()) == ["result_0.txt"]
+  line = json.loads(out.stdout.strip().splitlines()[-1])
+  assert line["status"] == "aborted" and line["seed"] == 3 and line["compliant"] is False
+  assert (folder / "result_0.txt").read_text() == "an earlier run"
+  assert line["log"] == "results/results/cpu-test/resnet/result_1.txt"
+  assert (tmp_path / "results" / "systems" / "cpu-test.json").is_file()
+  assert sorted(p.name for p in folder.iterdir()) == ["result_0.txt", "result_1.txt"]
   kept = tmp_path / "results" / "runs" / "cpu-test" / "resnet" / results.run_id(leftover)
   assert (kept / "partial.log").is_file()
 
