@@ -214,7 +214,10 @@ def test_a_run_killed_before_its_first_step_leaves_nothing_to_count(data_dir, tm
   """Killed while setting up or compiling: no result, nothing pending is left in the result
   folder, and nothing to resume. SIGTERM (a quick stop, checked in _kill_at) also says so
   and keeps the aborted log as partial.log."""
-  proc = _start(tmp_path, *ARGS, "--data-dir", str(data_dir), "--cpu-devices", "8")
+  # A real compile to land in: the tests' shared compilation cache would load the
+  # programs in a fraction of a second and the signal would arrive after the first step.
+  proc = _start(tmp_path, *ARGS, "--data-dir", str(data_dir), "--cpu-devices", "8",
+                "--compile-cache", "off")
   err = _kill_at(tmp_path, proc, when, signum)
   assert _only_complete_results(tmp_path, mlbench, official_check) == []
   [folder] = list(_runs(tmp_path).iterdir())

@@ -115,7 +115,11 @@ RESNET_SGD = dataclasses.replace(WORKLOAD, optimizer=lambda cfg, sched: optax.sg
 def test_model_parallelism_by_annotation_is_the_same_computation(workload):
   data_only, _ = _train(workload, {"data": 8})
   both, programs = _train(workload, {"data": 4, "model": 2})
-  _assert_same_params(both, data_only)
+  # The Transformer's closed-form label smoothing sums logits over the vocabulary, which
+  # the model axis splits: partial sums in another order. Measured after 5 steps: 1.3e-5
+  # and 2.1e-4 relative in two runs, on leaves of about 2e-3 (a wrong sharding is off by
+  # the whole value); the other two stay under 1e-5.
+  _assert_same_params(both, data_only, rtol=1e-3 if workload.name == "transformer" else 1e-5)
   for path, spec in SHARDED[workload.name]:
     leaf = programs.state_sharding.params
     for key in path:
