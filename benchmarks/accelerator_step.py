@@ -41,23 +41,6 @@ FULL_BATCH = {"resnet50": 256, "bert": 32, "transformer": 256, "ssd": 32, "moe":
 FULL_REDUCED = {"moe": ("model.num_layers=4",), "llama31_8b": ("model.num_layers=4",)}
 
 
-def matmul_flops_per_s(dtype: str, n: int, repeats: int = 10) -> float:
-  """FLOP/s of an n x n matmul in `dtype` on the first device (best of `repeats`)."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-
-  a = jax.device_put(jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype))
-  dot = jax.jit(lambda x: x @ x).lower(a).compile()
-  jax.block_until_ready(dot(a))
-  best = float("inf")
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(dot(a))
-    best = min(best, time.perf_counter() - t0)
-  return 2 * n**3 / best
-
-
 def config_for(name: str, config: str, precision: str, batch: int | None):
   """The workload, its config at `precision` and the batch, with the full-config cuts."""
   from mlbench import config as config_lib, registry
@@ -134,7 +117,8 @@ def main() -> None:
   device = jax.devices()[0]
   config = args.config or ("mini" if device.platform == "cpu" else "full")
   peak = mfu.peak([device])
-  bf16 = matmul_flops_per_s("bfloat16", 2048 if device.platform == "cpu" else 8192)
+  bf16 = mfu.measured_matmul_flops_per_s(2048 if device.platform == "cpu" else 8192, 10,
+                                         "bfloat16")
   print(f"# {device.device_kind} ({len(rt.devices)} device(s), one used), jax {jax.__version__}; "
         f"peak {peak.flops_per_s / 1e12:,.2f} TFLOP/s ({peak.source}); bf16 matmul "
         f"{bf16 / 1e12:,.2f} TFLOP/s")

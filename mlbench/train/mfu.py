@@ -27,8 +27,9 @@ class Peak:
 
 
 @functools.cache
-def measured_matmul_flops_per_s(n: int = 2048, repeats: int = 5) -> float:
-  """FLOP/s of an n x n float32 matmul on the first local device (best of `repeats`)."""
+def measured_matmul_flops_per_s(n: int = 2048, repeats: int = 5,
+                                dtype: str = "float32") -> float:
+  """FLOP/s of an n x n matmul in `dtype` on the first local device (best of `repeats`)."""
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -36,7 +37,7 @@ def measured_matmul_flops_per_s(n: int = 2048, repeats: int = 5) -> float:
   dev = jax.local_devices()[0]
   with jax.transfer_guard("allow"):
     a = jax.device_put(jnp.asarray(np.random.default_rng(0).standard_normal((n, n)),
-                                   jnp.float32), dev)
+                                   jnp.dtype(dtype)), dev)
     dot = jax.jit(lambda x: x @ x).lower(a).compile()
     jax.block_until_ready(dot(a))
     best = float("inf")
