@@ -87,14 +87,33 @@ def learning_rate(cfg: LlamaConfig) -> optax.Schedule:
   return lr
 
 
+UNDECAYED = ("scale", "bias")
+"""Parameter names that get no weight decay: norm scales and biases."""
+
+
+def decay_mask(params: Any) -> Any:
+  """True for the parameters AdamW decays, by their role, not their rank.
+
+  Megatron's parameter groups, which NeMo's optimizer uses as they are, exempt norms
+  and biases: `no_wd = name.endswith(".bias") or len(param.shape) == 1`
+  (NVIDIA/Megatron-LM core_r0.11.0, 7c00175e, megatron/core/optimizer/__init__.py
+  L90-94; NeMo v2.1.0, 633cb602, nemo/lightning/pytorch/optim/megatron.py L53 and L104
+  pass no_weight_decay_cond=None). There every layer's tensors are separate, so rank 1
+  means a norm or a bias; here `scan_layers` stacks them, so an RMSNorm scale is
+  [layers, width] and only its name says what it is.
+  """
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: getattr(path[-1], "key", None) not in UNDECAYED, params)
+
+
 def optimizer(cfg: LlamaConfig, sched: Schedule) -> optax.GradientTransformation:
-  """Clip by global norm, then AdamW; weight decay on matrices only (Megatron exempts
-  norms and biases)."""
+  """Clip by global norm, then AdamW with weight decay on every kernel and embedding,
+  none on norm scales (`decay_mask`)."""
   del sched
   o = cfg.optimizer
   return optax.chain(optax.clip_by_global_norm(o.clip_norm),
                      optax.adamw(learning_rate(cfg), b1=o.beta_1, b2=o.beta_2, eps=o.epsilon,
-                                 weight_decay=o.weight_decay, mask=optim.kernel_mask))
+                                 weight_decay=o.weight_decay, mask=decay_mask))
 
 
 def _mesh_size(ctx: StepContext, axis: str) -> int:
