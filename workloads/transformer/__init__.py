@@ -23,7 +23,7 @@ WORKLOAD = Workload(
     loss=lazy(f"{_TRAIN}:loss"),
     optimizer=lazy(f"{_TRAIN}:optimizer"),
     input=InputSpec(files=lazy(f"{_INPUT}:files"), decode=lazy(f"{_INPUT}:decode"),
-                    prepare=lazy("workloads.transformer.cldr:prepare"),
+                    prepare=lazy(f"{_INPUT}:prepare"),
                     bind=lazy(f"{_INPUT}:bind")),
     eval=EvalSpec(step=lazy(f"{_TRAIN}:eval_step"), compute=lazy(f"{_TRAIN}:compute"),
                   host=lazy(f"{_TRAIN}:host")),

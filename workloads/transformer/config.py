@@ -65,8 +65,10 @@ class DataConfig:
   sentence pairs per record, attention kept within each. Unpacked records hold
   one pair each; their epoch is their record count, which you give as
   `data.train_examples` (`--set data.packed=false --set data.train_examples=N`).
-  The evaluation set is never packed: newstest2014's 3,003 sentences
-  (mlperf_input_pipeline.py L28, train.py L642).
+  The evaluation set is newstest2014's 3,003 sentences, as the reference scores BLEU on
+  them: the raw newstest2014.en/.de beside the records, which `prepare` encodes into
+  evaluation records; BLEU is scored against the raw sentences of `bleu_reference`
+  (`newstest.py`).
   """
 
   source: Source = Source.WMT
@@ -75,6 +77,7 @@ class DataConfig:
   train_examples: int = 0         # records in an epoch; 0: PACKED_RECORDS if packed
   eval_examples: int = 3003       # newstest2014
   vocab_file: str = ""            # filled in from --data-dir by the harness when empty
+  bleu_reference: str = ""        # WMT: newstest2014.de, filled in from --data-dir when empty
 
   @property
   def length_method(self) -> str:
