@@ -21,8 +21,9 @@ PRECISION = {DType.FLOAT32: "fp32", DType.BFLOAT16: "bfloat16"}
 
 def schedule(cfg: LlamaConfig) -> Schedule:
   """The budget is `train_budget_steps` (or the schedule's `max_steps`). The data has no
-  epochs a run could finish (the reference samples 1.2 M steps' worth), so, as the MLPerf
-  LLM benchmarks do, train_samples is logged as the budget."""
+  epochs a run could finish (the reference samples 1.2 M steps' worth); the logged
+  train_samples is the samples the run consumed, at its end (the rules'
+  `train_samples: converged`, as the reference's callback logs it)."""
   budget = (cfg.train_budget_steps or cfg.optimizer.max_steps) * cfg.global_batch_size
   return Schedule(global_batch_size=cfg.global_batch_size, eval_batch_size=cfg.eval_batch_size,
                   train_examples=budget, eval_examples=cfg.data.eval_examples,
