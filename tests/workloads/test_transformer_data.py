@@ -123,3 +123,17 @@ def test_the_newstest_sentences_are_counted(tmp_path, vocab_file):
   (tmp_path / newstest.SOURCE).unlink()
   with pytest.raises(UserError, match="no newstest2014.en in"):
     input_pipeline.files(cfg, tmp_path, Split.EVAL)
+
+
+def test_training_pairs_over_the_length_are_left_out_as_the_references_do(tmp_path):
+  """dataset.py L89-92 (both sides <= max_length, else filtered out); logged `discard`."""
+  cfg = _cfg(False)
+  files = _write(tmp_path, [{"inputs": [5] * 12, "targets": [7] * 12},
+                            {"inputs": [5] * 13, "targets": [7, 1]},
+                            {"inputs": [5, 1], "targets": [7] * 13}])
+  tf = data.tf()
+  kept = [bool(input_pipeline.keep(cfg, split)(r)) for split in (Split.TRAIN, Split.EVAL)
+          for r in tf.data.TFRecordDataset(files)]
+  assert kept == [True, False, False, True, True, True]
+  assert train.hparams(config.full(), None, None)["max_sequence_length"].metadata == {
+      "method": "discard"}

@@ -24,7 +24,7 @@ WORKLOAD = Workload(
     optimizer=lazy(f"{_TRAIN}:optimizer"),
     input=InputSpec(files=lazy(f"{_INPUT}:files"), decode=lazy(f"{_INPUT}:decode"),
                     prepare=lazy(f"{_INPUT}:prepare"),
-                    bind=lazy(f"{_INPUT}:bind")),
+                    bind=lazy(f"{_INPUT}:bind"), keep=lazy(f"{_INPUT}:keep")),
     eval=EvalSpec(step=lazy(f"{_TRAIN}:eval_step"), compute=lazy(f"{_TRAIN}:compute"),
                   host=lazy(f"{_TRAIN}:host")),
     synthetic_batch=lazy(f"{_INPUT}:synthetic_batch"),

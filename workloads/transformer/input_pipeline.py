@@ -3,10 +3,11 @@ packed (with `*_segmentation`, `*_position`) or not.
 
 Schema (tensor2tensor's translate_ende_wmt32k, as the MLPerf reference writes
 it): `inputs`, `targets` int64 lists, each ending in EOS (1). Training files
-match `*train*`, the evaluation set (newstest2014) `*dev*`, in one folder with
-the subword vocabulary (`vocab.ende.32768`, or the mini config's
-`tokenizer.json`). Examples longer than `max_length` tokens are truncated and
-shorter ones padded with 0.
+match `*train*-of-*`, in one folder with the subword vocabulary (`vocab.ende.32768`,
+or the mini config's `tokenizer.json`) and, for WMT, the raw newstest2014.en/.de that
+`newstest.py` turns into the evaluation records (`*dev*-of-*`). Training pairs longer
+than `max_length` tokens are left out (`keep`), shorter ones padded with 0; an
+evaluation sentence longer than that would be cut.
 """
 
 from __future__ import annotations
@@ -122,6 +123,27 @@ def bind(cfg: TransformerConfig, data_dir: Path) -> TransformerConfig:
       raise UserError(f"{d.bleu_reference} does not hold the {d.eval_examples:,} reference "
                       "sentences of the evaluation set, one per line")
   return dataclasses.replace(cfg, data=d)
+
+
+def keep(cfg: TransformerConfig, split: Split):
+  """Training pairs with either side over `max_length` tokens are left out, as both
+  references do (mlcommons/training aa344c7f retired_benchmarks/transformer/tensorflow/
+  transformer/utils/dataset.py L89-92 and L229; Google's mlperf_input_pipeline.py L62-67
+  and L103-105): logged as max_sequence_length method `discard`. Every evaluation
+  sentence is translated."""
+  from mlbench.train.data import tf
+
+  t = tf()
+  n = cfg.data.max_length
+  spec = {k: t.io.VarLenFeature(t.int64) for k in FEATURES}
+
+  def short_enough(record: Any) -> Any:
+    if split is not Split.TRAIN:
+      return t.constant(True)
+    example = t.io.parse_single_example(record, spec)
+    return t.reduce_all([t.size(example[k].values) <= n for k in FEATURES])
+
+  return short_enough
 
 
 def feature_shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
