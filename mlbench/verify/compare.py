@@ -24,7 +24,7 @@ from mlbench.verify import official
 from mlbench.errors import UserError
 from mlbench.verify.resultlog import ResultLog, detect_ruleset
 from mlbench.verify.submission import BenchmarkDir, find, groups, read_system
-from mlbench.verify.validate import MAX_DROPPED
+from mlbench.verify.report import MAX_DROPPED
 
 NOT_CONVERGED = 1e9  # how the RCP tools count a run that did not converge
 
