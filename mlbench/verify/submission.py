@@ -9,8 +9,11 @@ an `<org>` package, or a folder of packages (a round's results repository).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -75,12 +78,17 @@ def find(path: Path) -> Target:
   """Classifies `path` and lists its benchmark folders.
 
   Raises:
-    UserError: nothing there is an MLPerf log or submission.
+    UserError: nothing there is an MLPerf log or submission, or it cannot be read.
   """
   path = Path(path)
-  if not path.exists():
-    raise UserError(f"{path} does not exist")
-  if path.is_file():
+  try:
+    return _classify(path, _kind(path))
+  except OSError as e:  # A folder inside that cannot be listed, say.
+    raise UserError(f"{e.filename or path} cannot be read ({e.strerror})") from None
+
+
+def _classify(path: Path, kind: str) -> Target:
+  if kind == "file":
     if not is_log(path):
       raise UserError(f"{path} is not an MLPerf result log (it has no :::MLLOG lines)")
     return Target(path, "log", log=path)
@@ -101,6 +109,33 @@ def find(path: Path) -> Target:
   raise UserError(f"{path} holds no MLPerf result logs; give a log, a "
                   "results/<system>/<benchmark> folder or a submission package "
                   "(a folder with results/ and systems/)")
+
+
+_SPECIAL = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+            (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"))
+
+
+def _kind(path: Path) -> str:
+  """'file' or 'dir', or a UserError saying what `path` is instead."""
+  try:
+    mode = os.stat(path).st_mode
+  except OSError as e:
+    if e.errno == errno.ELOOP:
+      raise UserError(f"{path} is a loop of symbolic links; point at the log or folder "
+                      "itself") from None
+    if os.path.islink(path):
+      raise UserError(f"{path} is a symbolic link to {os.readlink(path)}, which does not "
+                      "exist") from None
+    if e.errno == errno.ENOENT:
+      raise UserError(f"{path} does not exist") from None
+    raise UserError(f"{path} cannot be read ({e.strerror})") from None
+  if stat.S_ISREG(mode):
+    return "file"
+  if stat.S_ISDIR(mode):
+    return "dir"
+  what = next((name for test, name in _SPECIAL if test(mode)), "not a regular file")
+  raise UserError(f"{path} is {what}, not a result log or a folder; give a log, a "
+                  "results/<system>/<benchmark> folder or a submission package")
 
 
 def groups(target: Target) -> dict[Path, list[BenchmarkDir]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -165,16 +166,27 @@ def test_an_unknown_benchmark(capsys, package):
   assert {f["checker"] for f in bench["files"]} <= {"FAIL", "ERROR"}
 
 
+def _loop(p):
+  p.symlink_to(p.with_name("other"))
+  p.with_name("other").symlink_to(p)
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda p: p.mkdir(), "holds no MLPerf result logs"),
     (lambda p: p.write_text("hello\n"), "is not an MLPerf result log"),
-])
-def test_not_a_log_or_package_is_a_one_line_error(capsys, tmp_path, make, message):
+    (lambda p: p.symlink_to("/dev/null"), "is a character device, not a result log or a folder"),
+    (lambda p: os.mkfifo(p), "is a named pipe (FIFO), not a result log or a folder"),
+    (_loop, "is a loop of symbolic links"),
+    (lambda p: p.symlink_to(p.with_name("gone")), "is a symbolic link to "),
+], ids=["empty folder", "text", "/dev/null", "fifo", "symlink loop", "dangling symlink"])
+@pytest.mark.parametrize("command", ["validate", "compare"])
+def test_not_a_log_or_package_is_a_one_line_error(capsys, tmp_path, make, message, command):
   target = tmp_path / "thing"
   make(target)
-  code, report, err = validate(capsys, target)
-  assert code == 2 and report is None
-  assert err.startswith("error: ") and message in err and err.count("\n") == 1
+  code = main([command, str(target)])
+  out, err = capsys.readouterr()
+  assert code == 2 and out == ""
+  assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
 
 
 def test_mlbench_logs_validate_under_the_mini_rules(capsys, tmp_path, write_log):
