@@ -4,9 +4,9 @@ Each call runs in a worker process (spawned, so nothing of the caller's JAX or
 TensorFlow state is inherited) under a time limit, in parallel over a few
 workers. A tool that raises, crashes or hangs gives an `Outcome` with `error`
 set (the exception; the exit code or signal; the file and line it hung on)
-instead of taking mlbench down. What is known to stall or crash the compliance
-checker (lines too long for its parser's quadratic regex, lines its parser
-raises on) is found beforehand by `screen`, so such a log is never handed to it.
+instead of taking mlbench down. What is known to stall or crash the official
+parser (lines too long for its quadratic regex, lines it raises on) is found
+beforehand by `mlbench.verify.screen`, so such a log is never handed to a tool.
 The tools log through the root logger; a worker collects those messages and
 returns them. Tools that write into the tree they check (the RCP checker
 rewrites scaling.json) are given a temporary copy.
@@ -17,7 +17,6 @@ The functions named `_tool_*` run inside the workers.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 import multiprocessing
 import os
@@ -31,7 +30,6 @@ from multiprocessing import connection
 from multiprocessing.connection import Connection
 from typing import Any
 
-from mlbench.verify.resultlog import ResultLog
 
 RULESETS_WITH_PACKAGE_CHECKS = ("1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0",
                                 "4.1.0", "5.0.0", "5.1.0", "6.0.0", "6.1.0")
@@ -220,66 +218,6 @@ class Isolated:
 
   def call(self, fn: Callable[..., Any], *args: Any) -> Outcome:
     return self.map(fn, [args])[0]
-
-
-# What stalls the official parser (mlp_parser of every training ruleset in
-# mlperf-logging 4.1.68): it runs `re.sub(".*:::MLLOG ", ...)` on each :::MLLOG
-# line, which takes time quadratic in the line's length. Measured on a 2-core
-# CPU: 0.09 s for 16 KiB, 1.6 s for 64 KiB, 6.4 s for 128 KiB, so about half an
-# hour for one 2 MB line; and the compliance tool parses each file twice. The
-# longest line of any published log here is 2,211 characters (a 156 KB file).
-MAX_LINE_CHARS = 64 * 1024
-MAX_SQUARES = 4 * MAX_LINE_CHARS**2  # all lines together: seconds of regex, not minutes
-MAX_FILE_BYTES = 64 * 1024 * 1024  # 400 times the largest published log here
-
-
-@dataclasses.dataclass(frozen=True)
-class NotRun:
-  """Why the official checker is not run on a log, and the line that decides it."""
-
-  reason: str
-  lineno: int | None = None
-
-
-def screen(log: ResultLog, ruleset: str) -> NotRun | None:
-  """What in `log` would stall or crash the official compliance checker, found
-  without running it; None when nothing known would."""
-  lineno, chars = log.longest
-  if chars > MAX_LINE_CHARS:
-    return NotRun(f"line {lineno} is {chars:,} characters long; the official parser's time "
-                  f"grows with the square of a line's length (over {MAX_LINE_CHARS // 1024} KiB "
-                  "it takes minutes to hours), so it would stall", lineno)
-  if log.squares > MAX_SQUARES:
-    return NotRun(f"its :::MLLOG lines are too long together (the longest, line {lineno}, has "
-                  f"{chars:,} characters); the official parser's time grows with the square of "
-                  "each line's length, so it would take minutes", lineno)
-  if log.size > MAX_FILE_BYTES:
-    return NotRun(f"the file is {log.size / 2**20:,.0f} MiB, far larger than any real result log "
-                  f"(limit {MAX_FILE_BYTES // 2**20} MiB)")
-  return _unreadable(log, ruleset)
-
-
-def _unreadable(log: ResultLog, ruleset: str) -> NotRun | None:
-  """The first line on which the official parser raises instead of reporting a parse
-  error (it catches ValueError only: a missing key or a line that is not a JSON
-  object ends the whole check with a KeyError or TypeError)."""
-  if not log.errors:
-    return None
-  try:
-    parser = importlib.import_module("mlperf_logging.compliance_checker.mlp_parser.ruleset_"
-                                     + ruleset.replace(".", ""))
-  except ImportError:  # a ruleset (mini) or a release we do not know; the worker will tell
-    return None
-  for lineno, text, _ in log.errors:
-    try:  # Safe here: these lines are short (above), and this is json.loads and lookups.
-      parser.string_to_logline(lineno, text)
-    except ValueError:
-      continue
-    except Exception as e:  # noqa: BLE001 - what the official parser would raise
-      return NotRun(f"line {lineno} would crash the official parser ({type(e).__name__}: "
-                    f"{str(e)[:100]}): a :::MLLOG line must be a JSON object with time_ms, key, "
-                    "value and metadata", lineno)
-  return None
 
 
 def _silence_checker_globals() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mlbench import compliance, rules as rules_lib
-from mlbench.verify import checks, official, package as package_lib
+from mlbench.verify import checks, official, package as package_lib, screen
 from mlbench.verify.checks import Finding, Severity
 from mlbench.verify.report import BenchmarkReport, FileReport, Report
 from mlbench.verify.resultlog import ResultLog, detect_ruleset
@@ -54,11 +54,11 @@ def _official(items: list[tuple[Path, ResultLog, str]], usage: str, tools: offic
               progress: Progress | None) -> list[tuple[str, list[Finding]]]:
   """The official checker's verdict on each (log, parsed, ruleset), in parallel.
 
-  A log with what would stall or crash the checker (`official.screen`) is not
+  A log with what would stall or crash the checker (`mlbench.verify.screen`) is not
   handed to it: its verdict is NOT RUN, a failure, with the reason and line.
   """
   calls = [compliance.checker_args(p, log.benchmark, rs, usage) for p, log, rs in items]
-  skipped = [official.screen(log, call[2]) for (_, log, _), call in zip(items, calls)]
+  skipped = [screen.check(log, call[2]) for (_, log, _), call in zip(items, calls)]
   run = [i for i, s in enumerate(skipped) if s is None]
   total, done = len(items), len(items) - len(run)
   if progress:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mlbench.verify import official
+from mlbench.verify import official, screen
 from mlbench.verify.resultlog import ResultLog
 
 
@@ -79,7 +79,7 @@ def test_a_hung_checker_is_stopped_naming_the_file_and_line(tmp_path):
 ])
 def test_the_screen_flags_exactly_the_lines_that_crash_the_official_checker(tmp_path, line, raised):
   path = _with_line(tmp_path, line)
-  found = official.screen(ResultLog.read(path), "4.0.0")
+  found = screen.check(ResultLog.read(path), "4.0.0")
   with official.Isolated(1, 60) as tools:  # What the official checker itself does with it.
     out = tools.call(official._tool_compliance, str(path), "training", "4.0.0", None)
   if raised is None:
@@ -92,10 +92,10 @@ def test_the_screen_flags_exactly_the_lines_that_crash_the_official_checker(tmp_
 
 def test_the_screen_flags_lines_too_long_for_the_official_parser(tmp_path):
   fine = ResultLog.read(REAL)
-  assert official.screen(fine, "4.0.0") is None
-  assert fine.longest[1] < 2_300 and fine.squares < official.MAX_SQUARES / 100
-  one = official.screen(ResultLog.read(_with_line(tmp_path, _event("x" * 70_000))), "4.0.0")
+  assert screen.check(fine, "4.0.0") is None
+  assert fine.longest[1] < 2_300 and fine.squares < screen.MAX_SQUARES / 100
+  one = screen.check(ResultLog.read(_with_line(tmp_path, _event("x" * 70_000))), "4.0.0")
   assert one.lineno == 31 and "line 31 is 70," in one.reason
   many = "\n".join(_event("y" * 40_000) for _ in range(12))
-  together = official.screen(ResultLog.read(_with_line(tmp_path, many, name="b.txt")), "4.0.0")
+  together = screen.check(ResultLog.read(_with_line(tmp_path, many, name="b.txt")), "4.0.0")
   assert together.lineno == 31 and "too long together" in together.reason
