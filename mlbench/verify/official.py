@@ -133,11 +133,19 @@ def _reading(pid: int) -> str:
       with open(f"/proc/{pid}/fdinfo/{fd}") as f:
         pos = int(next(ln for ln in f if ln.startswith("pos:")).split()[1])
       with open(target, "rb") as f:
-        line = f.read(max(0, pos - 8192)).count(b"\n") + 1
+        line = _newlines(f, max(0, pos - 8192)) + 1
       return f" reading {os.path.basename(target)}, near line {line}"
   except (OSError, ValueError, StopIteration):
     pass
   return ""
+
+
+def _newlines(f: Any, size: int) -> int:
+  """Newlines in the first `size` bytes of `f`, read a MiB at a time."""
+  count = 0
+  while size > 0 and (chunk := f.read(min(size, 1 << 20))):
+    count, size = count + chunk.count(b"\n"), size - len(chunk)
+  return count
 
 
 class Isolated:
