@@ -12,6 +12,7 @@ import dataclasses
 import datetime
 import functools
 import json
+import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +31,7 @@ CHUNK = 1 << 16  # characters read at a time
 MAX_LINE_READ = 1 << 20
 MAX_READ = 64 << 20
 QUOTE = 1000  # characters of an unread line kept to quote it
+MAX_TIME_MS = 1e14  # the year 5138: a larger time_ms is no millisecond timestamp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,11 +117,23 @@ class ResultLog:
 
   @property
   def date(self) -> datetime.date | None:
-    """The day of the first real timestamp (some published lines carry time_ms 0)."""
-    stamps = [ln.time_ms for ln in self.lines if ln.time_ms > 1e11]  # ms after 1973
+    """The day of the first real timestamp (some published lines carry time_ms 0;
+    a time_ms past MAX_TIME_MS is no date in milliseconds: see `not_ms`)."""
+    stamps = [ln.time_ms for ln in self.lines if 1e11 < ln.time_ms < MAX_TIME_MS]  # after 1973
     if not stamps:
       return None
     return datetime.datetime.fromtimestamp(min(stamps) / 1000, datetime.timezone.utc).date()
+
+  def not_ms(self) -> Line | None:
+    """The first line whose time_ms cannot be milliseconds since 1970 (microseconds,
+    say: year 50,000 and more), or None."""
+    return next((ln for ln in self.lines if not ln.time_ms < MAX_TIME_MS), None)
+
+
+def year(time_ms: float) -> str:
+  """The year `time_ms` falls in, in words (no datetime: it may be far out of range)."""
+  years = time_ms / 1000 / 31_556_952  # seconds in a Gregorian year
+  return f"{math.floor(1970 + years):,}" if math.isfinite(years) else str(time_ms)
 
 
 def _parse(n: int, text: str) -> tuple[Line | None, str]:
@@ -230,8 +244,12 @@ def detect_ruleset(logs: list[ResultLog]) -> tuple[str, str]:
       if published >= day and benchmarks <= allowed:
         return ruleset, f"last run on {day}, before the {ruleset} results of {published}"
   where = logs[0].path if len(logs) == 1 else f"{len(logs)} logs"
+  odd = next(((log, ln) for log in logs if (ln := log.not_ms()) is not None), None)
+  why = "" if days or odd is None else (
+      f": their time_ms values are not milliseconds since 1970 ({odd[0].path.name} line "
+      f"{odd[1].lineno}: {odd[1].time_ms:,.0f} is in the year {year(odd[1].time_ms)})")
   raise UserError(f"cannot tell which ruleset {where} follow(s) (benchmarks "
-                  f"{', '.join(sorted(map(str, benchmarks)))}); pass --ruleset")
+                  f"{', '.join(sorted(map(str, benchmarks)))}){why}; pass --ruleset")
 
 
 def ruleset_sort_key(ruleset: str) -> tuple[int, ...]:

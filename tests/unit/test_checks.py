@@ -170,3 +170,16 @@ def test_ruleset_from_the_latest_run_or_the_log_itself(tmp_path):
   assert detect_ruleset([named]) == ("mini", "named in the logs (mlbench_ruleset)")
   with pytest.raises(UserError, match="pass --ruleset"):
     detect_ruleset([_log(tmp_path, [(day, "submission_benchmark", "pong", {})], "d.txt")])
+
+
+def test_microsecond_timestamps_fail_and_date_nothing(tmp_path):
+  day_us = 1_714_000_000_000_000  # 2024-04-24 in microseconds: the year 56,284 in ms
+  log = _log(tmp_path, [(day_us, "submission_benchmark", "resnet", {}),
+                        (day_us + 5, "init_start", None, {})])
+  assert log.date is None and log.not_ms().lineno == 2
+  [f] = checks.timestamps(log)
+  assert f.severity is Severity.FAIL and f.lineno == 2
+  assert "time_ms 1,714,000,000,000,000 is in the year 56,284" in f.message
+  with pytest.raises(UserError, match=r"not milliseconds since 1970 \(log.txt line 2: "
+                     r"1,714,000,000,000,000 is in the year 56,284\); pass --ruleset"):
+    detect_ruleset([log])
