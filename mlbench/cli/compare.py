@@ -37,9 +37,8 @@ def compare_cmd(paths: tuple[Path, ...], ruleset: str | None, csv_file: Path | N
   RCP verdict and scaling; the speedup of each against the first PATH.
   Output files are never overwritten.
   """
-  for f in (csv_file, json_file, plot_file):
-    if f is not None and f.exists():
-      raise UserError(f"{f} already exists; choose another name (mlbench never overwrites)")
+  for option, f in (("--csv", csv_file), ("--json", json_file), ("--plot", plot_file)):
+    _check_output(option, f)
   from mlbench.verify import compare
 
   console = output.console()
@@ -61,6 +60,20 @@ def compare_cmd(paths: tuple[Path, ...], ruleset: str | None, csv_file: Path | N
     plots.convergence(entries, tmp)
     _publish(tmp, plot_file)
   return 0
+
+
+def _check_output(option: str, path: Path | None) -> None:
+  """Refuses an output file that could not be written, before any work is done."""
+  if path is None:
+    return
+  if path.exists() or path.is_symlink():
+    raise UserError(f"{path} already exists; choose another name (mlbench never overwrites)")
+  folder = path.parent
+  if not folder.is_dir():
+    what = "is not a folder" if folder.exists() else "does not exist; create it first"
+    raise UserError(f"{option} {path}: {folder} {what}")
+  if not os.access(folder, os.W_OK | os.X_OK):
+    raise UserError(f"{option} {path}: the folder {folder} is not writable")
 
 
 def _publish(tmp: Path, final: Path) -> None:

@@ -155,7 +155,9 @@ def _scaling(folder: Path) -> float:
 
 def _entry(source: Path, bench: BenchmarkDir, files: list[tuple[Path, ResultLog]], ruleset: str,
            usage: str, tools: official.Isolated) -> Entry:
-  desc, _ = read_system(bench.system_file)
+  desc, problem = read_system(bench.system_file)
+  if problem is not None and bench.system_file.exists():  # missing: its columns stay empty
+    raise UserError(f"{problem}; fix it, or move it away to compare without its columns")
   desc = desc or {}
   outcomes = tools.map(official._tool_compliance,
                        [compliance.checker_args(p, log.benchmark, ruleset, usage) for p, log in files])

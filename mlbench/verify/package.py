@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mlbench import rules as rules_lib
+from mlbench.errors import UserError
 from mlbench.verify import official, submission
 from mlbench.verify.checks import Finding, Severity
 from mlbench.verify.report import FileReport
@@ -25,12 +26,16 @@ def load_system(path: Path | None) -> tuple[dict[str, Any] | None, list[Finding]
 
 
 def _params(bench: BenchmarkDir) -> set[str]:
-  """package_checker_params lines at the system and benchmark level."""
+  """package_checker_params lines at the system and benchmark level.
+
+  Raises:
+    UserError: such a file is not UTF-8 text (what it allows cannot be known).
+  """
   out = set()
   for folder in (bench.folder.parent, bench.folder):
     f = folder / "package_checker_params"
     if f.is_file():
-      out |= {line.strip() for line in f.read_text().splitlines() if line.strip()}
+      out |= {line.strip() for line in submission.read_text(f).splitlines() if line.strip()}
   return out
 
 
@@ -86,7 +91,12 @@ def findings(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str
     return out
   if why := _blocked(files):
     return out + [Finding("seeds", Severity.FAIL, f"seed and RCP checkers {why}")]
-  params, paths = _params(bench), [str(f) for f in bench.files]
+  try:
+    params = _params(bench)
+  except UserError as e:
+    return out + [Finding("params", Severity.FAIL, f"{e}; it lists the package checker's "
+                          "options, one per line (rcp-bypass, seed-checker-bypass)")]
+  paths = [str(f) for f in bench.files]
   if "seed-checker-bypass" not in params:
     seeds = tools.call(official._tool_seeds, paths, tool_rs)
     if seeds.error or not seeds.value:

@@ -151,8 +151,29 @@ def read_system(path: Path | None) -> tuple[dict[str, Any] | None, str | None]:
   if path is None:
     return None, None
   if not path.is_file():
-    return None, f"{path} is missing"
+    return None, f"{path} is {'not a regular file' if path.exists() else 'missing'}"
   try:
-    return json.loads(path.read_text()), None
-  except (OSError, json.JSONDecodeError) as e:
+    desc = json.loads(read_text(path))
+  except UserError as e:
+    return None, str(e)
+  except json.JSONDecodeError as e:
     return None, f"{path} is not valid JSON: {e}"
+  if not isinstance(desc, dict):
+    return None, (f"{path} holds a JSON {type(desc).__name__}, not an object; a system "
+                  "description is an object of fields (system_name, division, status, ...)")
+  return desc, None
+
+
+def read_text(path: Path) -> str:
+  """A small text file of a package, as UTF-8.
+
+  Raises:
+    UserError: it cannot be read, or it is not UTF-8 text (a binary file, say).
+  """
+  try:
+    return path.read_bytes().decode("utf-8")
+  except OSError as e:
+    raise UserError(f"{path} cannot be read ({e.strerror})") from None
+  except UnicodeDecodeError as e:
+    raise UserError(f"{path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+                    f"{e.start})") from None

@@ -153,3 +153,30 @@ def test_samples_to_converge_and_gbs_as_the_summarizer_reports_them(tmp_path, di
   assert e.samples_to_converge == theirs.get("resnet:samples_to_converge")
   assert e.gbs == theirs.get("resnet:GBS")
   assert (e.gbs is None) == (division == "open")
+
+
+@pytest.mark.parametrize("option", ["--csv", "--json", "--plot"])
+def test_an_output_folder_is_checked_before_any_work(capsys, tmp_path, option):
+  # The missing input comes first on the command line; the output is refused first.
+  out = tmp_path / "missing" / "out.txt"
+  assert main(["compare", str(tmp_path / "no-such-package"), option, str(out)]) == 2
+  err = capsys.readouterr().err
+  assert err == f"error: {option} {out}: {out.parent} does not exist; create it first\n"
+  assert main(["compare", str(DATA / "v4.0/Dell"), option, "/dev/null/out.txt"]) == 2
+  assert capsys.readouterr().err.endswith(": /dev/null is not a folder\n")
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\xff\xfe{}", "is not UTF-8 text (byte 0xff at offset 0)"),
+    (b"[1, 2]", "holds a JSON list, not an object"),
+], ids=["not UTF-8", "a list"])
+def test_an_unreadable_system_description_is_a_one_line_error(capsys, tmp_path, content, message):
+  root = tmp_path / "Dell"
+  shutil.copytree(DATA / "v4.0/Dell/results/XE9680x8H100-SXM-80GB/ssd",
+                  root / "results/XE9680x8H100-SXM-80GB/ssd")
+  (root / "systems").mkdir()
+  (root / "systems/XE9680x8H100-SXM-80GB.json").write_bytes(content)
+  assert main(["compare", str(root)]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"error: {root}/systems/XE9680x8H100-SXM-80GB.json {message}")
+  assert err.count("\n") == 1
