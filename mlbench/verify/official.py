@@ -8,8 +8,8 @@ instead of taking mlbench down. What is known to stall or crash the official
 parser (lines too long for its quadratic regex, lines it raises on) is found
 beforehand by `mlbench.verify.screen`, so such a log is never handed to a tool.
 The tools log through the root logger; a worker collects those messages and
-returns them. Tools that write into the tree they check (the RCP checker
-rewrites scaling.json) are given a temporary copy.
+returns them. The RCP checker, which rewrites scaling.json in the folder it
+checks, is given a temporary copy of the logs (`rcp`).
 
 The functions named `_tool_*` run inside the workers.
 """
@@ -28,6 +28,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from multiprocessing import connection
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 
@@ -259,16 +260,54 @@ def _tool_system(path: str, usage: str, ruleset: str) -> bool:
   return bool(system_desc_checker.check_system_desc(path, usage, ruleset)[0])
 
 
+def rcp(tools: Isolated, files: Sequence[Path], usage: str, ruleset: str,
+        bypass: bool) -> Outcome:
+  """The RCP checker, as package_checker runs it, on the logs `files` of one
+  benchmark folder.
+
+  It rewrites scaling.json in the folder it checks, so it checks a temporary
+  copy holding the logs alone (never a link into other folders, nor anything
+  else of the user's tree). The copy is made and removed here, in this process:
+  a worker killed for its time limit leaves nothing behind. Messages name the
+  user's files, not the copy's.
+  """
+  folder = Path(files[0]).parent
+  tmp = tempfile.mkdtemp(prefix="mlbench-rcp-")
+  try:
+    copy = os.path.join(tmp, folder.name)
+    os.mkdir(copy)
+    for f in files:
+      shutil.copyfile(f, os.path.join(copy, Path(f).name))
+    out = tools.call(_tool_rcp, copy, usage, ruleset, bypass)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  if out.error is None and "unreadable" in out.value:
+    out = Outcome(None, out.messages, f"cannot read {out.value['unreadable']}")
+  error = out.error and _named(out.error, copy, folder)
+  warned = [m.split(" - ", 1)[-1].strip() for m in out.messages if m.startswith("WARNING")]
+  if error and warned:  # e.g. "Batch sizes in files do not match." before a KeyError
+    error += f" (after: {warned[-1]})"
+  return dataclasses.replace(out, error=error, messages=tuple(_named(m, copy, folder)
+                                                             for m in out.messages))
+
+
+def _named(text: str, copy: str, folder: Path) -> str:
+  return text.replace(copy, str(folder))
+
+
 def _tool_rcp(folder: str, usage: str, ruleset: str, bypass: bool) -> dict[str, Any]:
-  """The RCP checker as package_checker runs it, on a copy (it rewrites scaling.json)."""
+  """The RCP checker on `folder`. Each log is read first on its own, so that a
+  log the checker cannot read is named in the error."""
   from mlperf_logging.rcp_checker import rcp_checker
 
-  with tempfile.TemporaryDirectory() as tmp:
-    copy = os.path.join(tmp, os.path.basename(folder.rstrip("/")))
-    shutil.copytree(folder, copy)
-    passed, msg, factor = rcp_checker.check_directory(
-        copy, usage, ruleset, False, False, rcp_pass="pruned_rcps", rcp_bypass=bypass,
-        set_scaling=True)
+  for name in sorted(os.listdir(folder)):
+    try:
+      rcp_checker.read_submission_file(os.path.join(folder, name), ruleset, False)
+    except Exception as e:  # noqa: BLE001 - what the official reader raises, on which file
+      return {"unreadable": f"{name} ({type(e).__name__}: {e})"}
+  passed, msg, factor = rcp_checker.check_directory(
+      folder, usage, ruleset, False, False, rcp_pass="pruned_rcps", rcp_bypass=bypass,
+      set_scaling=True)
   return {"passed": bool(passed), "message": msg, "factor": float(factor)}
 
 

@@ -113,7 +113,7 @@ def findings(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str
 
 def _rcp(bench: BenchmarkDir, usage: str, ruleset: str, bypass: bool,
          tools: official.Isolated) -> list[Finding]:
-  result = tools.call(official._tool_rcp, str(bench.folder), usage, ruleset, bypass)
+  result = official.rcp(tools, bench.files, usage, ruleset, bypass)
   if result.error:
     return [Finding("rcp", Severity.FAIL, f"RCP checker failed: {result.error}")]
   r = result.value

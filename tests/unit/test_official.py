@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -99,3 +102,49 @@ def test_the_screen_flags_lines_too_long_for_the_official_parser(tmp_path):
   many = "\n".join(_event("y" * 40_000) for _ in range(12))
   together = screen.check(ResultLog.read(_with_line(tmp_path, many, name="b.txt")), "4.0.0")
   assert together.lineno == 31 and "too long together" in together.reason
+
+
+SSD = REAL.parents[1] / "ssd"  # Dell's five v4.0 ssd runs: the RCP check passes
+
+
+@pytest.fixture
+def rcp_folder(tmp_path, monkeypatch):
+  """A copy of SSD with what must not be copied beside the logs, and temporary folders
+  made where the test can see them."""
+  folder = tmp_path / "results" / "ssd"
+  shutil.copytree(SSD, folder)
+  os.mkfifo(folder / "notes.fifo")                 # copytree: "is a named pipe"
+  (folder / "dangling").symlink_to(tmp_path / "gone")
+  (folder / "data").symlink_to(tmp_path.parent)    # a link to a large tree
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+  (tmp_path / "tmp").mkdir()
+  return folder
+
+
+def _logs(folder):
+  return sorted(folder.glob("result_*.txt"))
+
+
+def test_the_rcp_check_copies_the_logs_only_and_leaves_nothing(rcp_folder):
+  with official.Isolated(1, 60) as tools:
+    out = official.rcp(tools, _logs(rcp_folder), "training", "4.0.0", False)
+    assert out.error is None and out.value["passed"] is True, out
+    assert not (rcp_folder / "scaling.json").exists()  # written into the copy only
+    assert list((rcp_folder.parents[1] / "tmp").iterdir()) == []
+    # A worker killed for its time limit cannot remove its folder: none was its own.
+    slow = official.Isolated(1, 0.5)
+    out = official.rcp(slow, _logs(rcp_folder), "training", "4.0.0", False)
+    slow.close()
+    assert out.error == "timed out after 0.5 s"
+    assert list((rcp_folder.parents[1] / "tmp").iterdir()) == []
+
+
+def test_an_rcp_error_names_the_users_file(rcp_folder):
+  log = rcp_folder / "result_3.txt"
+  log.write_text(re.sub(r'("key": "eval_accuracy", "value": [0-9.]+, "metadata": )\{[^}]*\}',
+                        r"\1{}", log.read_text()))
+  with official.Isolated(1, 60) as tools:
+    out = official.rcp(tools, _logs(rcp_folder), "training", "4.0.0", False)
+  assert out.error == "cannot read result_3.txt (KeyError: 'epoch_num')"
+  copies = str(rcp_folder.parents[1] / "tmp")
+  assert not any(copies in m for m in out.messages)
