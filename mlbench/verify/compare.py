@@ -161,7 +161,11 @@ def _rcp(bench: BenchmarkDir, runs: list[Run], ruleset: str, division: str | Non
     return None, None
   if unjudged := [r for r in runs if r.problem is not None]:  # It would stall on it too.
     return f"Not run ({unjudged[0].path.name} not judged)", None
-  result = official.rcp(tools, [r.path for r in runs], usage, ruleset, False)
+  return rcp_label(official.rcp(tools, [r.path for r in runs], usage, ruleset, False))
+
+
+def rcp_label(result: official.Outcome) -> tuple[str, float | None]:
+  """The RCP checker's outcome in result_summarizer's words, and its score factor."""
   if result.error:
     return f"Error: {result.error}", None
   r = result.value

@@ -113,12 +113,16 @@ def findings(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str
 
 def _rcp(bench: BenchmarkDir, usage: str, ruleset: str, bypass: bool,
          tools: official.Isolated) -> list[Finding]:
-  result = official.rcp(tools, bench.files, usage, ruleset, bypass)
+  return [rcp_finding(official.rcp(tools, bench.files, usage, ruleset, bypass))]
+
+
+def rcp_finding(result: official.Outcome) -> Finding:
+  """The RCP checker's outcome as validate reports it: a failure unless it passed."""
   if result.error:
-    return [Finding("rcp", Severity.FAIL, f"RCP checker failed: {result.error}")]
+    return Finding("rcp", Severity.FAIL, f"RCP checker failed: {result.error}")
   r = result.value
   severity = Severity.INFO if r["passed"] else Severity.FAIL
-  return [Finding("rcp", severity, f"{r['message']} (score scaling {r['factor']:.6g})")]
+  return Finding("rcp", severity, f"{r['message']} (score scaling {r['factor']:.6g})")
 
 
 def systems(package: Path, ruleset: str, usage: str, systems_used: set[str],
