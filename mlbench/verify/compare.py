@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,7 +30,7 @@ from mlbench import compliance, rules as rules_lib
 from mlbench.verify import official, screen
 from mlbench.errors import UserError
 from mlbench.verify.resultlog import ResultLog, detect_ruleset
-from mlbench.verify.submission import BenchmarkDir, find, groups, read_system
+from mlbench.verify.submission import BenchmarkDir, find, groups, read_system, read_text
 from mlbench.verify.report import MAX_DROPPED
 
 NOT_CONVERGED = 1e9  # how the RCP tools count a run that did not converge
@@ -178,11 +179,23 @@ def rcp_label(result: official.Outcome) -> tuple[str, float | None]:
 
 
 def _scaling(folder: Path) -> float:
+  """scaling.json's factor; 1.0 without the file.
+
+  Raises:
+    UserError: the file holds no positive number `scaling_factor` (a score
+      without the factor it claims would be silently wrong).
+  """
   f = folder / "scaling.json"
-  try:
-    return float(json.loads(f.read_text())["scaling_factor"]) if f.is_file() else 1.0
-  except (OSError, ValueError, KeyError, TypeError):
+  if not f.exists() and not f.is_symlink():
     return 1.0
+  try:
+    factor = float(json.loads(read_text(f))["scaling_factor"])
+  except (ValueError, KeyError, TypeError) as e:
+    raise UserError(f"{f} holds no scaling_factor ({type(e).__name__}: {e}); fix or remove "
+                    "it") from None
+  if not (math.isfinite(factor) and factor > 0):
+    raise UserError(f"{f}: scaling_factor {factor} is not a positive number; fix or remove it")
+  return factor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +207,7 @@ class _Plan:
   files: list[tuple[Path, ResultLog]]
   ruleset: str
   desc: dict[str, Any]
+  scaling: float
 
 
 def _entry(plan: _Plan, usage: str, tools: official.Isolated) -> Entry:
@@ -208,7 +222,7 @@ def _entry(plan: _Plan, usage: str, tools: official.Isolated) -> Entry:
   division = desc.get("division") or next((log.division for _, log in files if log.division), None)
   runs = _runs(files, outcomes, per_file)
   rcp, factor = _rcp(bench, runs, ruleset, division, usage, tools)
-  return Entry(plan.source, bench, ruleset, desc, runs, _scaling(bench.folder),
+  return Entry(plan.source, bench, ruleset, desc, runs, plan.scaling,
                gbs if division == "closed" else None, rcp, factor,
                quality_target(bench.benchmark, ruleset), division=division,
                epochs_problem=epochs.error and f"reading epochs to converge: {epochs.error}")
@@ -240,7 +254,8 @@ def _plans(source: Path, ruleset: str | None) -> list[_Plan]:
     if not every:
       continue
     rs = ruleset or detect_ruleset(every)[0]
-    out += [_Plan(source, b, logs[b.folder], rs, _system(b)) for b in dirs if logs[b.folder]]
+    out += [_Plan(source, b, logs[b.folder], rs, _system(b), _scaling(b.folder))
+            for b in dirs if logs[b.folder]]
   return out
 
 

@@ -164,14 +164,23 @@ def read_system(path: Path | None) -> tuple[dict[str, Any] | None, str | None]:
   return desc, None
 
 
+MAX_TEXT_BYTES = 1 << 20  # system descriptions and such have a few KB
+
+
 def read_text(path: Path) -> str:
   """A small text file of a package, as UTF-8.
 
   Raises:
-    UserError: it cannot be read, or it is not UTF-8 text (a binary file, say).
+    UserError: it cannot be read, is over a MiB, or is not UTF-8 text (binary, say).
   """
   try:
-    return path.read_bytes().decode("utf-8")
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the read
+      raise UserError(f"{path} is not a regular file")
+    with open(path, "rb") as f:
+      data = f.read(MAX_TEXT_BYTES + 1)
+    if len(data) > MAX_TEXT_BYTES:
+      raise UserError(f"{path} is over {MAX_TEXT_BYTES // 2**20} MiB; such a file has a few KB")
+    return data.decode("utf-8")
   except OSError as e:
     raise UserError(f"{path} cannot be read ({e.strerror})") from None
   except UnicodeDecodeError as e:

@@ -166,20 +166,25 @@ def test_an_output_folder_is_checked_before_any_work(capsys, tmp_path, option):
   assert capsys.readouterr().err.endswith(": /dev/null is not a folder\n")
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"\xff\xfe{}", "is not UTF-8 text (byte 0xff at offset 0)"),
-    (b"[1, 2]", "holds a JSON list, not an object"),
-], ids=["not UTF-8", "a list"])
-def test_an_unreadable_system_description_is_a_one_line_error(capsys, tmp_path, content, message):
+@pytest.mark.parametrize("where, content, message", [
+    ("systems/XE9680x8H100-SXM-80GB.json", b"\xff\xfe{}",
+     " is not UTF-8 text (byte 0xff at offset 0)"),
+    ("systems/XE9680x8H100-SXM-80GB.json", b"[1, 2]", " holds a JSON list, not an object"),
+    ("results/XE9680x8H100-SXM-80GB/ssd/scaling.json", b'{"scaling_factor": "1,2"}',
+     " holds no scaling_factor (ValueError: "),
+    ("results/XE9680x8H100-SXM-80GB/ssd/scaling.json", b'{"scaling_factor": 0}',
+     ": scaling_factor 0.0 is not a positive number"),
+], ids=["system not UTF-8", "system a list", "scaling not a number", "scaling 0"])
+def test_an_unreadable_system_or_scaling_file_is_a_one_line_error(capsys, tmp_path, where, content,
+                                                                  message):
   root = tmp_path / "Dell"
   shutil.copytree(DATA / "v4.0/Dell/results/XE9680x8H100-SXM-80GB/ssd",
                   root / "results/XE9680x8H100-SXM-80GB/ssd")
-  (root / "systems").mkdir()
-  (root / "systems/XE9680x8H100-SXM-80GB.json").write_bytes(content)
+  shutil.copytree(DATA / "v4.0/Dell/systems", root / "systems")
+  (root / where).write_bytes(content)
   assert main(["compare", str(root)]) == 2
   err = capsys.readouterr().err
-  assert err.startswith(f"error: {root}/systems/XE9680x8H100-SXM-80GB.json {message}")
-  assert err.count("\n") == 1
+  assert err.startswith(f"error: {root / where}{message}") and err.count("\n") == 1, err
 
 
 def _note(value):
