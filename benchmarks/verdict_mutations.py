@@ -32,8 +32,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 TESTS = ("tests/unit/test_verdicts.py", "tests/unit/test_checks.py", "tests/unit/test_official.py",
-         "tests/unit/test_rules.py", "tests/unit/test_compliance.py", "tests/cli/test_validate.py",
-         "tests/cli/test_compare.py")
+         "tests/unit/test_rules.py", "tests/unit/test_compliance.py", "tests/unit/test_mllog.py",
+         "tests/cli/test_validate.py", "tests/cli/test_compare.py")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +113,9 @@ MUTANTS = (
            "return tuple(sorted(found, key=lambda p: int(p.stem.split(\"_\")[1])))",
            "return tuple(sorted(found))",
            "result_10.txt comes before result_2.txt"),
+    Mutant("run-stop-always-success", "mlbench/mllog.py",
+           '"success" if success else "aborted"', '"success" if success is not None else "aborted"',
+           "mlbench run logs every run_stop, a run that missed its target too, as a success"),
     Mutant("aborted-is-success", "mlbench/verify/resultlog.py",
            'return stop is not None and stop.metadata.get("status") == "success"',
            'return stop is not None and stop.metadata.get("status") != "aborted"',

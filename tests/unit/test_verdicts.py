@@ -19,7 +19,8 @@ import pytest
 from mlperf_logging.result_summarizer import result_summarizer
 
 from mlbench import rules
-from mlbench.verify import checks, compare, official, package
+from mlbench.mllog import MLLog
+from mlbench.verify import checks, compare, official, package, submission, validate
 from mlbench.verify.checks import Finding, Severity
 from mlbench.verify.report import BenchmarkReport, FileReport, Report
 from mlbench.verify.resultlog import ResultLog
@@ -155,15 +156,73 @@ def test_run_order_allows_equal_times_and_the_skew_tolerance_is_inclusive(tmp_pa
   assert [f.severity for f in checks.timestamps(log, tolerance_ms=0.5)] == [Severity.FAIL]
 
 
+def test_a_seed_is_required_of_closed_logs_of_rulesets_with_package_checks(tmp_path):
+  text = (DELL / "ssd/result_0.txt").read_text()
+  (tmp_path / "log.txt").write_text("".join(ln for ln in text.splitlines(keepends=True)
+                                            if '"key": "seed"' not in ln))
+  log = ResultLog.read(tmp_path / "log.txt")
+
+  def seed(division, ruleset):
+    return [f.severity for f in validate._file_findings(log, ruleset, division, None, None, 1e3)
+            if f.check == "seed"]
+
+  assert seed("closed", "4.0.0") == [Severity.FAIL]
+  assert seed("open", "4.0.0") == seed("closed", "0.7.0") == [Severity.WARN]
+
+
+def test_runs_are_numbered_and_a_run_stop_without_status_is_no_success(tmp_path):
+  for name in [f"result_{i}.txt" for i in (11, 2, 0, 10, 1)] + ["result_x.txt", "result_3.tmp"]:
+    (tmp_path / name).write_text("")
+  assert [p.name for p in submission.result_files(tmp_path)] == [
+      "result_0.txt", "result_1.txt", "result_2.txt", "result_10.txt", "result_11.txt"]
+  stop = ':::MLLOG {{"time_ms": 5, "key": "run_stop", "value": null, "metadata": {}}}\n'
+  for metadata, success in (('{"status": "success"}', True), ('{"status": "aborted"}', False),
+                            ("{}", False)):
+    (tmp_path / "log.txt").write_text(stop.format(metadata))
+    assert ResultLog.read(tmp_path / "log.txt").success is success, metadata
+  (tmp_path / "log.txt").write_text("")
+  assert ResultLog.read(tmp_path / "log.txt").success is False
+  for success, status in ((True, "success"), (False, "aborted")):  # as mlbench run logs it
+    log = MLLog(tmp_path / f"{status}.txt")
+    log.run_stop(success)
+    log.close()
+    assert ResultLog.read(tmp_path / f"{status}.txt").first("run_stop").metadata["status"] == status
+
+
 @pytest.fixture(scope="module")
-def rcp_outcomes(tmp_path_factory):
-  """The RCP checker on Dell's v4.0 ssd runs, and on a copy that converged in half the
-  epochs (faster than the reference allows), without and with rcp-bypass."""
+def fast_ssd(tmp_path_factory):
+  """Dell's v4.0 ssd runs as if they had converged in half the epochs: faster than the
+  reference convergence points allow."""
   fast = tmp_path_factory.mktemp("fast") / "ssd"
   shutil.copytree(DELL / "ssd", fast)
   for log in fast.glob("result_*.txt"):
     log.write_text(re.sub(r'"epoch_num": (\d+)', lambda m: f'"epoch_num": {int(m[1]) // 2}',
                           log.read_text()))
+  return fast
+
+
+def test_package_checker_params_bypass_the_seed_and_rcp_checkers(fast_ssd, tmp_path):
+  folder = tmp_path / "sys" / "ssd"
+  shutil.copytree(fast_ssd, folder)
+  seed = re.search(r'"key": "seed", "value": (\d+)', (folder / "result_0.txt").read_text())[1]
+  last = folder / "result_4.txt"
+  last.write_text(re.sub(r'("key": "seed", "value": )\d+', rf"\g<1>{seed}", last.read_text()))
+  bench = BenchmarkDir(folder, "sys", "ssd", submission.result_files(folder), None)
+  with official.Isolated(2, 60) as tools:
+    plain = package.findings(bench, "4.0.0", "closed", "training", tools, [])
+    (folder / "package_checker_params").write_text("seed-checker-bypass\nrcp-bypass\n")
+    bypassed = package.findings(bench, "4.0.0", "closed", "training", tools, [])
+  assert [(f.check, f.severity) for f in plain] == [("seeds", Severity.FAIL),
+                                                    ("rcp", Severity.FAIL)]
+  assert [(f.check, f.severity) for f in bypassed] == [("rcp", Severity.INFO)]
+  assert "passed using rcp_bypass" in bypassed[0].message
+
+
+@pytest.fixture(scope="module")
+def rcp_outcomes(fast_ssd):
+  """The RCP checker on Dell's v4.0 ssd runs, and on the fast copy without and with
+  rcp-bypass."""
+  fast = fast_ssd
   with official.Isolated(2, 60) as tools:
     return [official.rcp(tools, sorted(folder.glob("result_*.txt")), "training", "4.0.0", bypass)
             for folder, bypass in ((DELL / "ssd", False), (fast, False), (fast, True))]
