@@ -143,7 +143,7 @@ def run_tests(copy: Path, python: str, tests: list[str], limit_s: float) -> tupl
                          capture_output=True, text=True, timeout=limit_s, check=False)
   except subprocess.TimeoutExpired:
     return -1, [f"(no result in {limit_s:.0f} s)"]
-  failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", out.stdout, re.M)
+  failed = re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", out.stdout, re.M)
   if out.returncode not in (0, 1) and not failed:
     failed = [f"(pytest exit {out.returncode}: {out.stdout.strip().splitlines()[-1:]})"]
   return out.returncode, failed
