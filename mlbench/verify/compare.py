@@ -236,7 +236,7 @@ def compare(paths: Sequence[Path], *, ruleset: str | None = None, usage: str = "
   any official tool runs: bad input is a one-line error at once.
   """
   plans = [plan for source in paths for plan in _plans(Path(source), ruleset)]
-  with official.Isolated(2, timeout_s) as tools:
+  with official.sigterm_raises(), official.Isolated(2, timeout_s) as tools:
     entries = [_entry(plan, usage, tools) for plan in plans]
   _speedups(entries)
   return entries

@@ -16,6 +16,7 @@ The functions named `_tool_*` run inside the workers.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import multiprocessing
@@ -23,13 +24,16 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing import connection
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
+
+from mlbench.errors import Interrupted
 
 
 RULESETS_WITH_PACKAGE_CHECKS = ("1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0",
@@ -147,6 +151,25 @@ def _newlines(f: Any, size: int) -> int:
   while size > 0 and (chunk := f.read(min(size, 1 << 20))):
     count, size = count + chunk.count(b"\n"), size - len(chunk)
   return count
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+  """For its duration, SIGTERM raises `Interrupted` in the main thread, as Ctrl-C
+  raises KeyboardInterrupt: the `finally` blocks that kill workers and remove
+  temporary copies run, where the default action would end the process at once."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+
+  def stop(signum: int, _: Any) -> None:
+    raise Interrupted(signum, f"interrupted by {signal.Signals(signum).name}; nothing was written")
+
+  old = signal.signal(signal.SIGTERM, stop)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, old)
 
 
 class Isolated:

@@ -140,7 +140,7 @@ def validate(path: Path, *, ruleset: str | None = None, usage: str = "training",
     progress: called with (logs checked, logs in all) as the official checker ends on each.
   """
   target = find(Path(path))
-  with official.Isolated(processes or _cores(), timeout_s) as tools:
+  with official.sigterm_raises(), official.Isolated(processes or _cores(), timeout_s) as tools:
     if target.kind == "log":
       return _validate_one_log(target, ruleset, usage, tools, tolerance_ms, progress)
     plans = _plan(target, ruleset)

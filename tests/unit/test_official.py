@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import re
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from mlbench.errors import Interrupted
 from mlbench.verify import official, screen
 from mlbench.verify.resultlog import ResultLog
 
@@ -137,6 +141,26 @@ def test_the_rcp_check_copies_the_logs_only_and_leaves_nothing(rcp_folder):
     slow.close()
     assert out.error == "timed out after 0.5 s"
     assert list((rcp_folder.parents[1] / "tmp").iterdir()) == []
+
+
+def test_a_sigterm_during_the_rcp_check_kills_the_worker_and_removes_the_copy(rcp_folder):
+  copies = rcp_folder.parents[1] / "tmp"
+
+  def terminate_once_copied():
+    deadline = time.monotonic() + 60
+    while not any(copies.iterdir()) and time.monotonic() < deadline:
+      time.sleep(0.005)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  returned = False
+  threading.Thread(target=terminate_once_copied, daemon=True).start()
+  with pytest.raises(Interrupted, match="^interrupted by SIGTERM; nothing was written$"):
+    with official.sigterm_raises(), official.Isolated(1, 60) as tools:
+      official.rcp(tools, _logs(rcp_folder), "training", "4.0.0", False)
+      returned = True
+      time.sleep(60)  # Only if the signal came late: it must still come in here.
+  assert not returned and list(copies.iterdir()) == []
+  assert multiprocessing.active_children() == []
 
 
 def test_an_rcp_error_names_the_users_file(rcp_folder):
