@@ -37,9 +37,8 @@ def compare_cmd(paths: tuple[Path, ...], ruleset: str | None, csv_file: Path | N
   RCP verdict and scaling; the speedup of each against the first PATH.
   Output files are never overwritten.
   """
-  for f in (csv_file, json_file, plot_file):
-    if f is not None and f.exists():
-      raise UserError(f"{f} already exists; choose another name (mlbench never overwrites)")
+  for option, f in (("--csv", csv_file), ("--json", json_file), ("--plot", plot_file)):
+    _check_output(option, f)
   from mlbench.verify import compare
 
   console = output.console()
@@ -61,6 +60,20 @@ def compare_cmd(paths: tuple[Path, ...], ruleset: str | None, csv_file: Path | N
     plots.convergence(entries, tmp)
     _publish(tmp, plot_file)
   return 0
+
+
+def _check_output(option: str, path: Path | None) -> None:
+  """Refuses an output file that could not be written, before any work is done."""
+  if path is None:
+    return
+  if path.exists() or path.is_symlink():
+    raise UserError(f"{path} already exists; choose another name (mlbench never overwrites)")
+  folder = path.parent
+  if not folder.is_dir():
+    what = "is not a folder" if folder.exists() else "does not exist; create it first"
+    raise UserError(f"{option} {path}: {folder} {what}")
+  if not os.access(folder, os.W_OK | os.X_OK):
+    raise UserError(f"{option} {path}: the folder {folder} is not writable")
 
 
 def _publish(tmp: Path, final: Path) -> None:
@@ -90,9 +103,10 @@ def _entry_json(e) -> dict:
   return {"source": str(e.source), "system": e.bench.system, "benchmark": e.bench.benchmark,
           "ruleset": e.ruleset, "score_minutes": e.score, "speedup": e.speedup, "gbs": e.gbs,
           "samples_to_converge": e.samples_to_converge, "rcp": e.rcp, "rcp_factor": e.rcp_factor,
-          "scaling": e.scaling, "target": e.target,
+          "scaling": e.scaling, "target": e.target, "epochs_problem": e.epochs_problem,
           "runs": [{"path": str(r.path), "minutes": r.minutes, "converged": r.converged,
-                    "epochs": r.epochs, "evals": r.evals} for r in e.runs]}
+                    "not_judged": r.problem, "epochs": r.epochs, "evals": r.evals}
+                   for r in e.runs]}
 
 
 def _fmt(x, spec: str = ".4f") -> str:
@@ -109,9 +123,10 @@ def _table(entries, console) -> None:
     table.add_column(col, overflow="fold", justify="right" if col in (
         "runs", "score", "speedup", "GBS", "to converge") else "left")
   for e in entries:
-    minutes = " ".join(_fmt(r.minutes, ".3f") + ("" if r.converged else "*") for r in e.runs)
+    minutes = " ".join(_fmt(r.minutes, ".3f") + _mark(r) for r in e.runs)
     rcp = "-" if e.rcp is None else f"{e.rcp} ({_fmt(e.rcp_factor, '.4f')})"
-    score = _fmt(e.score) if e.score is not None else "[red]invalid[/]"
+    score = (_fmt(e.score) if e.score is not None else
+             "[red]not judged[/]" if e.unjudged else "[red]invalid[/]")
     table.add_row(str(e.source), e.bench.system, e.bench.benchmark, e.ruleset,
                   f"{len(e.runs) - e.dropped}/{len(e.runs)}", score,
                   _fmt(e.speedup, ".3f") + ("x" if e.speedup else ""), _fmt(e.gbs, ".0f"),
@@ -119,3 +134,14 @@ def _table(entries, console) -> None:
   console.print(table)
   console.print("* did not converge (fails the official compliance check); scaling.json, where "
                 "present, is applied as result_summarizer applies it", highlight=False)
+  for e in entries:
+    for r in e.unjudged:
+      console.print(f"? not judged, so {e.bench.benchmark} on {e.bench.system} has no score: "
+                    f"{r.path}: {r.problem}", highlight=False)
+    if e.epochs_problem and not e.unjudged:
+      console.print(f"{e.bench.benchmark} on {e.bench.system}: no epochs to converge: "
+                    f"{e.epochs_problem}", highlight=False)
+
+
+def _mark(run) -> str:
+  return "?" if run.problem is not None else "" if run.converged else "*"

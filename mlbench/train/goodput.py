@@ -6,6 +6,12 @@ Logging, not available everywhere). Wall time runs from the original
 and compile (of every start), evaluation, checkpointing (the time the step
 loop waited for saves), input waits, time lost to restarts (work after the
 last checkpoint, and the time until the resumed run was back), and the rest.
+
+Every second is counted once: the train segments are the wall time of the
+train blocks, the input and checkpoint waits inside them are taken out of the
+productive time, and a checkpoint holds the waits of every step up to it (the
+block a signal cut short included), so a resumed run neither counts them as
+productive nor loses them.
 """
 
 from __future__ import annotations

@@ -143,11 +143,10 @@ def _train_and_evaluate(plan: Plan, programs: steps.Programs, state: Any, seed: 
     if step == block_first:
       log.block_start(first_epoch, point.epoch - first_epoch + 1, step * plan.gbs,
                       time_ms=clock.mark("block_start"))
-    state, sums, waited = _train_block(programs, state, train_batches, point.step - step,
-                                       plan.gbs, progress, sync=plan.runtime.simulated_pod,
-                                       first_step=step, sums=sums, saver=saver)
+    state, sums = _train_block(programs, state, train_batches, point.step - step, plan.gbs,
+                               progress, result=result, sync=plan.runtime.simulated_pod,
+                               first_step=step, sums=sums, saver=saver)
     clock.add("train", clock.since("block_start", state))
-    result.input_wait_s += waited
     result.train_metrics = _mean_metrics(sums, point.step - block_first)
     sums = None
     step, block_first = point.step, point.step
@@ -171,21 +170,25 @@ def _train_and_evaluate(plan: Plan, programs: steps.Programs, state: Any, seed: 
 
 
 def _train_block(programs: steps.Programs, state: Any, batches: Any, n: int, gbs: int,
-                 progress: RunProgress, *, sync: bool = False, first_step: int = 0,
-                 sums: Any = None, saver: RunSaver | None = None) -> tuple[Any, Any, float]:
+                 progress: RunProgress, *, result: RunResult, sync: bool = False,
+                 first_step: int = 0, sums: Any = None,
+                 saver: RunSaver | None = None) -> tuple[Any, Any]:
   """`n` train steps; with `sync`, each waits for the last (see Runtime.simulated_pod).
 
-  After each step: the saver's turn (a checkpoint every N steps), then a stop
-  requested by a signal is honoured, with the state consistent.
+  Each step's wait for its batch is added to `result.input_wait_s` at once, so
+  a checkpoint of any step (and the goodput of a run resumed from it) has the
+  waits of the block in progress. After each step: the saver's turn (a
+  checkpoint every N steps), then a stop requested by a signal is honoured,
+  with the state consistent.
   """
-  sums, waited = programs.fresh_sums() if sums is None else sums, 0.0
+  sums = programs.fresh_sums() if sums is None else sums
   # Implicit host<->device transfers in the hot loop are bugs (a stray numpy
   # array, a float() on a device value); make them fail instead of stall.
   with jax.transfer_guard("disallow"):
     for i in range(n):
       t0 = time.perf_counter()
       _, device_batch = next(batches)
-      waited += time.perf_counter() - t0
+      result.input_wait_s += time.perf_counter() - t0
       state, sums = programs.train(state, sums, device_batch)
       if sync:
         jax.block_until_ready(state)
@@ -193,7 +196,7 @@ def _train_block(programs: steps.Programs, state: Any, batches: Any, n: int, gbs
       if saver is not None:
         saver.after_step(first_step + i + 1, state, sums)
       signals.check()
-  return state, sums, waited
+  return state, sums
 
 
 def _mean_metrics(sums: dict[str, Any], n: int) -> dict[str, float]:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mlbench import rules as rules_lib
-from mlbench.verify.resultlog import Line, ResultLog
+from mlbench.verify.resultlog import Line, ResultLog, year
 
 
 MAX_QUOTE = 500
@@ -58,6 +58,10 @@ def timestamps(log: ResultLog, tolerance_ms: float = 1000.0) -> list[Finding]:
   between the ranks of a multi-process job) are warnings; lines without a
   time (0, as in lines added to published logs after the run) are set aside."""
   out = []
+  if (odd := log.not_ms()) is not None:
+    out.append(_at("timestamps", Severity.FAIL, f"time_ms {odd.time_ms:,.0f} is in the year "
+                   f"{year(odd.time_ms)}: MLPerf logs time in milliseconds since 1970 (these "
+                   "look like microseconds)", odd))
   untimed = [ln for ln in log.lines if ln.time_ms <= 0]
   if untimed:
     out.append(_at("timestamps", Severity.WARN, f"{len(untimed)} line(s) have no timestamp "

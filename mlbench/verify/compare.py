@@ -8,23 +8,30 @@ the result invalid. It is multiplied by scaling.json's factor where the folder
 has one (the review committee's normalisation), exactly as result_summarizer
 does, so the scores agree with it. The RCP check (closed division, rulesets
 >= 1.0.0) runs on a copy and reports its own factor alongside.
+
+A log that would stall or crash the official parser (`mlbench.verify.screen`)
+is handed to no official tool, and one that an official tool could not judge
+(it timed out or crashed) is reported as such: whether that run converged is
+unknown, so its entry gets no score (never a score that counts it as not
+converged), and no RCP verdict or epochs to converge.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from mlbench import compliance, rules as rules_lib
-from mlbench.verify import official
+from mlbench.verify import official, screen
 from mlbench.errors import UserError
 from mlbench.verify.resultlog import ResultLog, detect_ruleset
-from mlbench.verify.submission import BenchmarkDir, find, groups, read_system
-from mlbench.verify.validate import MAX_DROPPED
+from mlbench.verify.submission import BenchmarkDir, find, groups, read_system, read_text
+from mlbench.verify.report import MAX_DROPPED
 
 NOT_CONVERGED = 1e9  # how the RCP tools count a run that did not converge
 
@@ -43,6 +50,7 @@ class Run:
   converged: bool
   epochs: float | None           # epochs (or samples) to converge, as the RCP tools read them
   evals: list[tuple[float, float]]  # (minutes since run_start, quality value)
+  problem: str | None = None     # why the official checker did not judge it: not known to converge
 
 
 @dataclasses.dataclass
@@ -61,13 +69,21 @@ class Entry:
   target: float | None
   speedup: float | None = None
   division: str | None = "closed"
+  epochs_problem: str | None = None  # why epochs to converge are unknown
 
   @property
   def dropped(self) -> int:
     return sum(not r.converged or r.minutes is None for r in self.runs)
 
   @property
+  def unjudged(self) -> list[Run]:
+    """Runs the official checker could not judge: the score is unknown with them."""
+    return [r for r in self.runs if r.problem is not None]
+
+  @property
   def score(self) -> float | None:
+    if self.unjudged:
+      return None
     times = [r.minutes for r in self.runs if r.converged and r.minutes is not None]
     avg = olympic(times, self.dropped, MAX_DROPPED.get(self.bench.benchmark, 1))
     return None if avg is None else avg * self.scaling
@@ -78,7 +94,7 @@ class Entry:
     only, as result_summarizer reports it (result_summarizer.py L518-571 compute it,
     and GBS, under `if division == 'closed'`): open submissions may train any model
     any way, so the count compares nothing."""
-    if self.division != "closed":
+    if self.division != "closed" or self.unjudged or self.epochs_problem:
       return None
     epochs = sorted(r.epochs if r.epochs is not None else NOT_CONVERGED for r in self.runs)
     if self.dropped > MAX_DROPPED.get(self.bench.benchmark, 1) or len(epochs) < 3:
@@ -119,21 +135,38 @@ def _runs(files: list[tuple[Path, ResultLog]], outcomes: list[official.Outcome],
     start, stop = log.first("run_start"), log.first("run_stop")
     minutes = (stop.time_ms - start.time_ms) / 60000 if start and stop else None
     converged = outcome.error is None and bool(outcome.value and outcome.value["valid"])
-    key = log.first("run_start")
-    evals = [((ln.time_ms - key.time_ms) / 60000, float(ln.value)) for ln in log.all("eval_accuracy")
-             if key is not None and isinstance(ln.value, (int, float))]
+    evals = [((ln.time_ms - start.time_ms) / 60000, float(ln.value))
+             for ln in log.all("eval_accuracy")
+             if start is not None and isinstance(ln.value, (int, float))]
     info = epochs.get(str(path), {})
-    out.append(Run(path, minutes, converged, info.get("epochs"), evals))
+    out.append(Run(path, minutes, converged, info.get("epochs"), evals, outcome.error))
   return out
 
 
-def _rcp(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str,
+def _judge(files: list[tuple[Path, ResultLog]], ruleset: str, usage: str,
+           tools: official.Isolated) -> list[official.Outcome]:
+  """The compliance checker's outcome on each log; a log the screen stops is not run."""
+  calls = [compliance.checker_args(p, log.benchmark, ruleset, usage) for p, log in files]
+  stopped = [screen.check(log, call[2]) for (_, log), call in zip(files, calls)]
+  run = [i for i, s in enumerate(stopped) if s is None]
+  done = dict(zip(run, tools.map(official._tool_compliance, [calls[i] for i in run])))
+  return [done[i] if s is None else official.Outcome(error=f"not run: {s.reason}")
+          for i, s in enumerate(stopped)]
+
+
+def _rcp(bench: BenchmarkDir, runs: list[Run], ruleset: str, division: str | None, usage: str,
          tools: official.Isolated) -> tuple[str | None, float | None]:
   rule = rules_lib.find(bench.benchmark, ruleset)
   if (division != "closed" or ruleset not in official.RULESETS_WITH_PACKAGE_CHECKS
       or (rule is not None and not rule.official)):
     return None, None
-  result = tools.call(official._tool_rcp, str(bench.folder), usage, ruleset, False)
+  if unjudged := [r for r in runs if r.problem is not None]:  # It would stall on it too.
+    return f"Not run ({unjudged[0].path.name} not judged)", None
+  return rcp_label(official.rcp(tools, [r.path for r in runs], usage, ruleset, False))
+
+
+def rcp_label(result: official.Outcome) -> tuple[str, float | None]:
+  """The RCP checker's outcome in result_summarizer's words, and its score factor."""
   if result.error:
     return rcp_verdict(f"Error: {result.error}"), None
   r = result.value
@@ -160,50 +193,91 @@ def rcp_verdict(message: object, width: int = 60) -> str:
 
 
 def _scaling(folder: Path) -> float:
+  """scaling.json's factor; 1.0 without the file.
+
+  Raises:
+    UserError: the file holds no positive number `scaling_factor` (a score
+      without the factor it claims would be silently wrong).
+  """
   f = folder / "scaling.json"
-  try:
-    return float(json.loads(f.read_text())["scaling_factor"]) if f.is_file() else 1.0
-  except (OSError, ValueError, KeyError, TypeError):
+  if not f.exists() and not f.is_symlink():
     return 1.0
+  try:
+    factor = float(json.loads(read_text(f))["scaling_factor"])
+  except (ValueError, KeyError, TypeError) as e:
+    raise UserError(f"{f} holds no scaling_factor ({type(e).__name__}: {e}); fix or remove "
+                    "it") from None
+  if not (math.isfinite(factor) and factor > 0):
+    raise UserError(f"{f}: scaling_factor {factor} is not a positive number; fix or remove it")
+  return factor
 
 
-def _entry(source: Path, bench: BenchmarkDir, files: list[tuple[Path, ResultLog]], ruleset: str,
-           usage: str, tools: official.Isolated) -> Entry:
-  desc, _ = read_system(bench.system_file)
-  desc = desc or {}
-  outcomes = tools.map(official._tool_compliance,
-                       [compliance.checker_args(p, log.benchmark, ruleset, usage) for p, log in files])
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """One benchmark folder to score: its logs read, its ruleset and system known."""
+
+  source: Path
+  bench: BenchmarkDir
+  files: list[tuple[Path, ResultLog]]
+  ruleset: str
+  desc: dict[str, Any]
+  scaling: float
+
+
+def _entry(plan: _Plan, usage: str, tools: official.Isolated) -> Entry:
+  bench, files, ruleset, desc = plan.bench, plan.files, plan.ruleset, plan.desc
+  outcomes = _judge(files, ruleset, usage, tools)
   tool_rs = rules_lib.checker_ruleset(bench.benchmark, ruleset)
-  epochs = tools.call(official._tool_epochs, [str(p) for p, _ in files], tool_rs)
+  judged = [str(p) for (p, _), o in zip(files, outcomes) if o.error is None]
+  # The RCP tools read a log the way the checker does: only the logs it judged.
+  epochs = tools.call(official._tool_epochs, judged, tool_rs)
   per_file = epochs.value or {}
   gbs = next((v["gbs"] for v in per_file.values() if v.get("gbs", -1) != -1), None)
   division = desc.get("division") or next((log.division for _, log in files if log.division), None)
-  rcp, factor = _rcp(bench, ruleset, division, usage, tools)
-  return Entry(source, bench, ruleset, desc, _runs(files, outcomes, per_file),
-               _scaling(bench.folder), gbs if division == "closed" else None, rcp, factor,
-               quality_target(bench.benchmark, ruleset), division=division)
+  runs = _runs(files, outcomes, per_file)
+  rcp, factor = _rcp(bench, runs, ruleset, division, usage, tools)
+  return Entry(plan.source, bench, ruleset, desc, runs, plan.scaling,
+               gbs if division == "closed" else None, rcp, factor,
+               quality_target(bench.benchmark, ruleset), division=division,
+               epochs_problem=epochs.error and f"reading epochs to converge: {epochs.error}")
 
 
 def compare(paths: Sequence[Path], *, ruleset: str | None = None, usage: str = "training",
             timeout_s: float = 120.0) -> list[Entry]:
-  """Scores every benchmark of every system under each path, in argument order."""
-  entries = []
-  with official.Isolated(2, timeout_s) as tools:
-    for source in paths:
-      target = find(Path(source))
-      if target.kind == "log":
-        raise UserError(f"{source} is a single log; compare needs result folders "
-                                   "or packages (a score takes all the runs)")
-      for _, dirs in groups(target).items():
-        logs = {b.folder: [(f, ResultLog.read(f)) for f in b.files] for b in dirs}
-        every = [log for pairs in logs.values() for _, log in pairs]
-        if not every:
-          continue
-        rs = ruleset or detect_ruleset(every)[0]
-        entries += [_entry(Path(source), b, logs[b.folder], rs, usage, tools)
-                    for b in dirs if logs[b.folder]]
+  """Scores every benchmark of every system under each path, in argument order.
+
+  Every path is read, and its rulesets and system descriptions known, before
+  any official tool runs: bad input is a one-line error at once.
+  """
+  plans = [plan for source in paths for plan in _plans(Path(source), ruleset)]
+  with official.sigterm_raises(), official.Isolated(2, timeout_s) as tools:
+    entries = [_entry(plan, usage, tools) for plan in plans]
   _speedups(entries)
   return entries
+
+
+def _plans(source: Path, ruleset: str | None) -> list[_Plan]:
+  target = find(source)
+  if target.kind == "log":
+    raise UserError(f"{source} is a single log; compare needs result folders "
+                    "or packages (a score takes all the runs)")
+  out = []
+  for _, dirs in groups(target).items():
+    logs = {b.folder: [(f, ResultLog.read(f)) for f in b.files] for b in dirs}
+    every = [log for pairs in logs.values() for _, log in pairs]
+    if not every:
+      continue
+    rs = ruleset or detect_ruleset(every)[0]
+    out += [_Plan(source, b, logs[b.folder], rs, _system(b), _scaling(b.folder))
+            for b in dirs if logs[b.folder]]
+  return out
+
+
+def _system(bench: BenchmarkDir) -> dict[str, Any]:
+  desc, problem = read_system(bench.system_file)
+  if problem is not None and bench.system_file.exists():  # missing: its columns stay empty
+    raise UserError(f"{problem}; fix it, or move it away to compare without its columns")
+  return desc or {}
 
 
 def _speedups(entries: list[Entry]) -> None:

@@ -4,34 +4,37 @@ Each call runs in a worker process (spawned, so nothing of the caller's JAX or
 TensorFlow state is inherited) under a time limit, in parallel over a few
 workers. A tool that raises, crashes or hangs gives an `Outcome` with `error`
 set (the exception; the exit code or signal; the file and line it hung on)
-instead of taking mlbench down. What is known to stall or crash the compliance
-checker (lines too long for its parser's quadratic regex, lines its parser
-raises on) is found beforehand by `screen`, so such a log is never handed to it.
+instead of taking mlbench down. What is known to stall or crash the official
+parser (lines too long for its quadratic regex, lines it raises on) is found
+beforehand by `mlbench.verify.screen`, so such a log is never handed to a tool.
 The tools log through the root logger; a worker collects those messages and
-returns them. Tools that write into the tree they check (the RCP checker
-rewrites scaling.json) are given a temporary copy.
+returns them. The RCP checker, which rewrites scaling.json in the folder it
+checks, is given a temporary copy of the logs (`rcp`).
 
 The functions named `_tool_*` run inside the workers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import importlib
 import logging
 import multiprocessing
 import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing import connection
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
-from mlbench.verify.resultlog import ResultLog
+from mlbench.errors import Interrupted
+
 
 RULESETS_WITH_PACKAGE_CHECKS = ("1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0",
                                 "4.1.0", "5.0.0", "5.1.0", "6.0.0", "6.1.0")
@@ -135,11 +138,38 @@ def _reading(pid: int) -> str:
       with open(f"/proc/{pid}/fdinfo/{fd}") as f:
         pos = int(next(ln for ln in f if ln.startswith("pos:")).split()[1])
       with open(target, "rb") as f:
-        line = f.read(max(0, pos - 8192)).count(b"\n") + 1
+        line = _newlines(f, max(0, pos - 8192)) + 1
       return f" reading {os.path.basename(target)}, near line {line}"
   except (OSError, ValueError, StopIteration):
     pass
   return ""
+
+
+def _newlines(f: Any, size: int) -> int:
+  """Newlines in the first `size` bytes of `f`, read a MiB at a time."""
+  count = 0
+  while size > 0 and (chunk := f.read(min(size, 1 << 20))):
+    count, size = count + chunk.count(b"\n"), size - len(chunk)
+  return count
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+  """For its duration, SIGTERM raises `Interrupted` in the main thread, as Ctrl-C
+  raises KeyboardInterrupt: the `finally` blocks that kill workers and remove
+  temporary copies run, where the default action would end the process at once."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+
+  def stop(signum: int, _: Any) -> None:
+    raise Interrupted(signum, f"interrupted by {signal.Signals(signum).name}; nothing was written")
+
+  old = signal.signal(signal.SIGTERM, stop)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, old)
 
 
 class Isolated:
@@ -222,66 +252,6 @@ class Isolated:
     return self.map(fn, [args])[0]
 
 
-# What stalls the official parser (mlp_parser of every training ruleset in
-# mlperf-logging 4.1.68): it runs `re.sub(".*:::MLLOG ", ...)` on each :::MLLOG
-# line, which takes time quadratic in the line's length. Measured on a 2-core
-# CPU: 0.09 s for 16 KiB, 1.6 s for 64 KiB, 6.4 s for 128 KiB, so about half an
-# hour for one 2 MB line; and the compliance tool parses each file twice. The
-# longest line of any published log here is 2,211 characters (a 156 KB file).
-MAX_LINE_CHARS = 64 * 1024
-MAX_SQUARES = 4 * MAX_LINE_CHARS**2  # all lines together: seconds of regex, not minutes
-MAX_FILE_BYTES = 64 * 1024 * 1024  # 400 times the largest published log here
-
-
-@dataclasses.dataclass(frozen=True)
-class NotRun:
-  """Why the official checker is not run on a log, and the line that decides it."""
-
-  reason: str
-  lineno: int | None = None
-
-
-def screen(log: ResultLog, ruleset: str) -> NotRun | None:
-  """What in `log` would stall or crash the official compliance checker, found
-  without running it; None when nothing known would."""
-  lineno, chars = log.longest
-  if chars > MAX_LINE_CHARS:
-    return NotRun(f"line {lineno} is {chars:,} characters long; the official parser's time "
-                  f"grows with the square of a line's length (over {MAX_LINE_CHARS // 1024} KiB "
-                  "it takes minutes to hours), so it would stall", lineno)
-  if log.squares > MAX_SQUARES:
-    return NotRun(f"its :::MLLOG lines are too long together (the longest, line {lineno}, has "
-                  f"{chars:,} characters); the official parser's time grows with the square of "
-                  "each line's length, so it would take minutes", lineno)
-  if log.size > MAX_FILE_BYTES:
-    return NotRun(f"the file is {log.size / 2**20:,.0f} MiB, far larger than any real result log "
-                  f"(limit {MAX_FILE_BYTES // 2**20} MiB)")
-  return _unreadable(log, ruleset)
-
-
-def _unreadable(log: ResultLog, ruleset: str) -> NotRun | None:
-  """The first line on which the official parser raises instead of reporting a parse
-  error (it catches ValueError only: a missing key or a line that is not a JSON
-  object ends the whole check with a KeyError or TypeError)."""
-  if not log.errors:
-    return None
-  try:
-    parser = importlib.import_module("mlperf_logging.compliance_checker.mlp_parser.ruleset_"
-                                     + ruleset.replace(".", ""))
-  except ImportError:  # a ruleset (mini) or a release we do not know; the worker will tell
-    return None
-  for lineno, text, _ in log.errors:
-    try:  # Safe here: these lines are short (above), and this is json.loads and lookups.
-      parser.string_to_logline(lineno, text)
-    except ValueError:
-      continue
-    except Exception as e:  # noqa: BLE001 - what the official parser would raise
-      return NotRun(f"line {lineno} would crash the official parser ({type(e).__name__}: "
-                    f"{str(e)[:100]}): a :::MLLOG line must be a JSON object with time_ms, key, "
-                    "value and metadata", lineno)
-  return None
-
-
 def _silence_checker_globals() -> None:
   from mlperf_logging.compliance_checker import mlp_compliance
 
@@ -313,16 +283,54 @@ def _tool_system(path: str, usage: str, ruleset: str) -> bool:
   return bool(system_desc_checker.check_system_desc(path, usage, ruleset)[0])
 
 
+def rcp(tools: Isolated, files: Sequence[Path], usage: str, ruleset: str,
+        bypass: bool) -> Outcome:
+  """The RCP checker, as package_checker runs it, on the logs `files` of one
+  benchmark folder.
+
+  It rewrites scaling.json in the folder it checks, so it checks a temporary
+  copy holding the logs alone (never a link into other folders, nor anything
+  else of the user's tree). The copy is made and removed here, in this process:
+  a worker killed for its time limit leaves nothing behind. Messages name the
+  user's files, not the copy's.
+  """
+  folder = Path(files[0]).parent
+  tmp = tempfile.mkdtemp(prefix="mlbench-rcp-")
+  try:
+    copy = os.path.join(tmp, folder.name)
+    os.mkdir(copy)
+    for f in files:
+      shutil.copyfile(f, os.path.join(copy, Path(f).name))
+    out = tools.call(_tool_rcp, copy, usage, ruleset, bypass)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  if out.error is None and "unreadable" in out.value:
+    out = Outcome(None, out.messages, f"cannot read {out.value['unreadable']}")
+  error = out.error and _named(out.error, copy, folder)
+  warned = [m.split(" - ", 1)[-1].strip() for m in out.messages if m.startswith("WARNING")]
+  if error and warned:  # e.g. "Batch sizes in files do not match." before a KeyError
+    error += f" (after: {warned[-1]})"
+  return dataclasses.replace(out, error=error, messages=tuple(_named(m, copy, folder)
+                                                             for m in out.messages))
+
+
+def _named(text: str, copy: str, folder: Path) -> str:
+  return text.replace(copy, str(folder))
+
+
 def _tool_rcp(folder: str, usage: str, ruleset: str, bypass: bool) -> dict[str, Any]:
-  """The RCP checker as package_checker runs it, on a copy (it rewrites scaling.json)."""
+  """The RCP checker on `folder`. Each log is read first on its own, so that a
+  log the checker cannot read is named in the error."""
   from mlperf_logging.rcp_checker import rcp_checker
 
-  with tempfile.TemporaryDirectory() as tmp:
-    copy = os.path.join(tmp, os.path.basename(folder.rstrip("/")))
-    shutil.copytree(folder, copy)
-    passed, msg, factor = rcp_checker.check_directory(
-        copy, usage, ruleset, False, False, rcp_pass="pruned_rcps", rcp_bypass=bypass,
-        set_scaling=True)
+  for name in sorted(os.listdir(folder)):
+    try:
+      rcp_checker.read_submission_file(os.path.join(folder, name), ruleset, False)
+    except Exception as e:  # noqa: BLE001 - what the official reader raises, on which file
+      return {"unreadable": f"{name} ({type(e).__name__}: {e})"}
+  passed, msg, factor = rcp_checker.check_directory(
+      folder, usage, ruleset, False, False, rcp_pass="pruned_rcps", rcp_bypass=bypass,
+      set_scaling=True)
   return {"passed": bool(passed), "message": msg, "factor": float(factor)}
 
 

@@ -9,8 +9,11 @@ an `<org>` package, or a folder of packages (a round's results repository).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -75,12 +78,17 @@ def find(path: Path) -> Target:
   """Classifies `path` and lists its benchmark folders.
 
   Raises:
-    UserError: nothing there is an MLPerf log or submission.
+    UserError: nothing there is an MLPerf log or submission, or it cannot be read.
   """
   path = Path(path)
-  if not path.exists():
-    raise UserError(f"{path} does not exist")
-  if path.is_file():
+  try:
+    return _classify(path, _kind(path))
+  except OSError as e:  # A folder inside that cannot be listed, say.
+    raise UserError(f"{e.filename or path} cannot be read ({e.strerror})") from None
+
+
+def _classify(path: Path, kind: str) -> Target:
+  if kind == "file":
     if not is_log(path):
       raise UserError(f"{path} is not an MLPerf result log (it has no :::MLLOG lines)")
     return Target(path, "log", log=path)
@@ -103,6 +111,33 @@ def find(path: Path) -> Target:
                   "(a folder with results/ and systems/)")
 
 
+_SPECIAL = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+            (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"))
+
+
+def _kind(path: Path) -> str:
+  """'file' or 'dir', or a UserError saying what `path` is instead."""
+  try:
+    mode = os.stat(path).st_mode
+  except OSError as e:
+    if e.errno == errno.ELOOP:
+      raise UserError(f"{path} is a loop of symbolic links; point at the log or folder "
+                      "itself") from None
+    if os.path.islink(path):
+      raise UserError(f"{path} is a symbolic link to {os.readlink(path)}, which does not "
+                      "exist") from None
+    if e.errno == errno.ENOENT:
+      raise UserError(f"{path} does not exist") from None
+    raise UserError(f"{path} cannot be read ({e.strerror})") from None
+  if stat.S_ISREG(mode):
+    return "file"
+  if stat.S_ISDIR(mode):
+    return "dir"
+  what = next((name for test, name in _SPECIAL if test(mode)), "not a regular file")
+  raise UserError(f"{path} is {what}, not a result log or a folder; give a log, a "
+                  "results/<system>/<benchmark> folder or a submission package")
+
+
 def groups(target: Target) -> dict[Path, list[BenchmarkDir]]:
   """Benchmark folders by the package (or folder) whose runs decide their ruleset."""
   out: dict[Path, list[BenchmarkDir]] = {}
@@ -116,8 +151,38 @@ def read_system(path: Path | None) -> tuple[dict[str, Any] | None, str | None]:
   if path is None:
     return None, None
   if not path.is_file():
-    return None, f"{path} is missing"
+    return None, f"{path} is {'not a regular file' if path.exists() else 'missing'}"
   try:
-    return json.loads(path.read_text()), None
-  except (OSError, json.JSONDecodeError) as e:
+    desc = json.loads(read_text(path))
+  except UserError as e:
+    return None, str(e)
+  except json.JSONDecodeError as e:
     return None, f"{path} is not valid JSON: {e}"
+  if not isinstance(desc, dict):
+    return None, (f"{path} holds a JSON {type(desc).__name__}, not an object; a system "
+                  "description is an object of fields (system_name, division, status, ...)")
+  return desc, None
+
+
+MAX_TEXT_BYTES = 1 << 20  # system descriptions and such have a few KB
+
+
+def read_text(path: Path) -> str:
+  """A small text file of a package, as UTF-8.
+
+  Raises:
+    UserError: it cannot be read, is over a MiB, or is not UTF-8 text (binary, say).
+  """
+  try:
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the read
+      raise UserError(f"{path} is not a regular file")
+    with open(path, "rb") as f:
+      data = f.read(MAX_TEXT_BYTES + 1)
+    if len(data) > MAX_TEXT_BYTES:
+      raise UserError(f"{path} is over {MAX_TEXT_BYTES // 2**20} MiB; such a file has a few KB")
+    return data.decode("utf-8")
+  except OSError as e:
+    raise UserError(f"{path} cannot be read ({e.strerror})") from None
+  except UnicodeDecodeError as e:
+    raise UserError(f"{path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+                    f"{e.start})") from None

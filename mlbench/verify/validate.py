@@ -5,100 +5,27 @@ isolated workers, all logs of a package in parallel; not run, and a failure, on
 a log that would stall or crash it), then mlbench's own checks
 (`mlbench.verify.checks`). For every benchmark folder of a package: the
 package checks the official package_checker makes (number of result files,
-unique seeds, reference convergence points), then a verdict under olympic
-scoring: at most one failing run (four for unet3d). For every system: the official system-description check.
+unique seeds, reference convergence points; `mlbench.verify.package`), then a
+verdict under olympic scoring (`mlbench.verify.report`). For every system: the
+official system-description check.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mlbench.verify import checks, official
 from mlbench import compliance, rules as rules_lib
+from mlbench.verify import checks, official, package as package_lib, screen
 from mlbench.verify.checks import Finding, Severity
+from mlbench.verify.report import BenchmarkReport, FileReport, Report
 from mlbench.verify.resultlog import ResultLog, detect_ruleset
-from mlbench.verify.submission import BenchmarkDir, Target, find, groups, read_system
+from mlbench.verify.submission import Target, find, groups
 
-MAX_DROPPED = {"unet3d": 4}
 Progress = Callable[[int, int], None]  # (logs the official checker is done with, all logs)
-
-
-@dataclasses.dataclass
-class FileReport:
-  """One log: the official checker's verdict and mlbench's findings."""
-
-  path: Path
-  benchmark: str | None
-  ruleset: str
-  checker: str  # PASS, FAIL, ERROR (it crashed or hung) or NOT RUN (it would have)
-  checker_findings: list[Finding]
-  findings: list[Finding]
-
-  @property
-  def failed(self) -> bool:
-    return self.checker != "PASS" or any(f.severity is Severity.FAIL for f in self.findings)
-
-  def first_problem(self) -> Finding | None:
-    fails = [f for f in self.checker_findings + self.findings if f.severity is Severity.FAIL]
-    return fails[0] if fails else None
-
-  def to_json(self) -> dict[str, Any]:
-    return {"path": str(self.path), "benchmark": self.benchmark, "ruleset": self.ruleset,
-            "checker": self.checker, "verdict": "FAIL" if self.failed else "PASS",
-            "checker_findings": [f.to_json() for f in self.checker_findings],
-            "findings": [f.to_json() for f in self.findings]}
-
-
-@dataclasses.dataclass
-class BenchmarkReport:
-  """The runs of one benchmark on one system, judged as MLPerf would score them."""
-
-  bench: BenchmarkDir
-  ruleset: str
-  how: str
-  files: list[FileReport]
-  findings: list[Finding]
-
-  @property
-  def passed(self) -> bool:
-    failing = sum(f.failed for f in self.files)
-    return (failing <= MAX_DROPPED.get(self.bench.benchmark, 1)
-            and not any(f.severity is Severity.FAIL for f in self.findings))
-
-  def to_json(self) -> dict[str, Any]:
-    return {"folder": str(self.bench.folder), "system": self.bench.system,
-            "benchmark": self.bench.benchmark, "ruleset": self.ruleset, "ruleset_from": self.how,
-            "verdict": "PASS" if self.passed else "FAIL",
-            "failing_runs": sum(f.failed for f in self.files),
-            "findings": [f.to_json() for f in self.findings],
-            "files": [f.to_json() for f in self.files]}
-
-
-@dataclasses.dataclass
-class Report:
-  target: Target
-  files: list[FileReport]          # a single log's report
-  benchmarks: list[BenchmarkReport]
-  systems: list[tuple[Path, list[Finding]]]
-
-  @property
-  def exit_code(self) -> int:
-    bad_systems = any(f.severity is Severity.FAIL for _, fs in self.systems for f in fs)
-    if self.target.kind == "log":
-      return int(self.files[0].failed or bad_systems)
-    return int(bad_systems or not all(b.passed for b in self.benchmarks))
-
-  def to_json(self) -> dict[str, Any]:
-    return {"path": str(self.target.path), "kind": self.target.kind,
-            "exit_code": self.exit_code, "files": [f.to_json() for f in self.files],
-            "benchmarks": [b.to_json() for b in self.benchmarks],
-            "systems": [{"path": str(p), "findings": [f.to_json() for f in fs]}
-                        for p, fs in self.systems]}
 
 
 _CHECK_FAILED = re.compile(r"CHECK for '([^']+)' failed in line (\d+):\n(.*)\nfailed test: (.*)")
@@ -127,11 +54,11 @@ def _official(items: list[tuple[Path, ResultLog, str]], usage: str, tools: offic
               progress: Progress | None) -> list[tuple[str, list[Finding]]]:
   """The official checker's verdict on each (log, parsed, ruleset), in parallel.
 
-  A log with what would stall or crash the checker (`official.screen`) is not
+  A log with what would stall or crash the checker (`mlbench.verify.screen`) is not
   handed to it: its verdict is NOT RUN, a failure, with the reason and line.
   """
   calls = [compliance.checker_args(p, log.benchmark, rs, usage) for p, log, rs in items]
-  skipped = [official.screen(log, call[2]) for (_, log, _), call in zip(items, calls)]
+  skipped = [screen.check(log, call[2]) for (_, log, _), call in zip(items, calls)]
   run = [i for i, s in enumerate(skipped) if s is None]
   total, done = len(items), len(items) - len(run)
   if progress:
@@ -190,97 +117,6 @@ def _file_findings(log: ResultLog, ruleset: str, division: str | None,
   return out
 
 
-def _read_system(path: Path | None) -> tuple[dict[str, Any] | None, list[Finding]]:
-  desc, problem = read_system(path)
-  return desc, [Finding("system", Severity.FAIL, problem)] if problem else []
-
-
-def _params(bench: BenchmarkDir) -> set[str]:
-  """package_checker_params lines at the system and benchmark level."""
-  out = set()
-  for folder in (bench.folder.parent, bench.folder):
-    f = folder / "package_checker_params"
-    if f.is_file():
-      out |= {line.strip() for line in f.read_text().splitlines() if line.strip()}
-  return out
-
-
-def _expected_runs(bench: BenchmarkDir, ruleset: str) -> int | None:
-  rule = rules_lib.find(bench.benchmark, ruleset)
-  if rule is not None:
-    return rule.runs
-  from mlperf_logging.benchmark_meta import get_result_file_counts
-
-  return get_result_file_counts("training").get(bench.benchmark)
-
-
-def _allowed(bench: BenchmarkDir, ruleset: str, usage: str) -> list[Finding]:
-  if ruleset == rules_lib.MINI:
-    known = rules_lib.rulesets(bench.benchmark)
-    ok = rules_lib.MINI in known
-    allowed = "the benchmarks in rules/mini"
-  else:
-    from mlperf_logging.benchmark_meta import get_allowed_benchmarks
-
-    try:
-      names = get_allowed_benchmarks(usage, ruleset)
-    except ValueError as e:
-      return [Finding("benchmark", Severity.FAIL, str(e))]
-    ok, allowed = bench.benchmark in names, ", ".join(sorted(set(names)))
-  return [] if ok else [Finding("benchmark", Severity.FAIL, f"'{bench.benchmark}' is not a "
-                                f"{ruleset} benchmark (known: {allowed})")]
-
-
-def _blocked(files: list[FileReport]) -> str | None:
-  """Why the official package tools cannot be run on these logs: they parse every
-  log as the compliance checker does, so what stalled or would stall it stalls them."""
-  for f in files:
-    first = f.checker_findings[0] if f.checker_findings else None
-    timed_out = f.checker == "ERROR" and first is not None and "timed out" in first.message
-    if f.checker == "NOT RUN" or timed_out:
-      line = f" (line {first.lineno})" if first is not None and first.lineno else ""
-      return (f"not run: the official checker {'timed out' if timed_out else 'was not run'} on "
-              f"{f.path.name}{line}, and these tools parse it the same way")
-  return None
-
-
-def _package_findings(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str,
-                      tools: official.Isolated, files: list[FileReport]) -> list[Finding]:
-  out = _allowed(bench, ruleset, usage)
-  expected = _expected_runs(bench, ruleset)
-  if expected is not None and len(bench.files) != expected:
-    out.append(Finding("runs", Severity.FAIL, f"{len(bench.files)} result_*.txt files, the "
-                       f"rules want exactly {expected}"))
-  tool_rs = rules_lib.checker_ruleset(bench.benchmark, ruleset)
-  if division != "closed" or tool_rs not in official.RULESETS_WITH_PACKAGE_CHECKS or out:
-    return out
-  if why := _blocked(files):
-    return out + [Finding("seeds", Severity.FAIL, f"seed and RCP checkers {why}")]
-  params, paths = _params(bench), [str(f) for f in bench.files]
-  if "seed-checker-bypass" not in params:
-    seeds = tools.call(official._tool_seeds, paths, tool_rs)
-    if seeds.error or not seeds.value:
-      why = seeds.error or "; ".join(m.split(" - ", 1)[-1] for m in seeds.messages
-                                     if m.startswith("ERROR"))
-      out.append(Finding("seeds", Severity.FAIL, f"seed checker failed: {why}"))
-  if ruleset == rules_lib.MINI:
-    out.append(Finding("rcp", Severity.INFO, "not checked: the mini rules have no reference "
-                       "convergence points"))
-  elif bench.benchmark != "minigo":
-    out += _rcp(bench, usage, tool_rs, "rcp-bypass" in params, tools)
-  return out
-
-
-def _rcp(bench: BenchmarkDir, usage: str, ruleset: str, bypass: bool,
-         tools: official.Isolated) -> list[Finding]:
-  result = tools.call(official._tool_rcp, str(bench.folder), usage, ruleset, bypass)
-  if result.error:
-    return [Finding("rcp", Severity.FAIL, f"RCP checker failed: {result.error}")]
-  r = result.value
-  severity = Severity.INFO if r["passed"] else Severity.FAIL
-  return [Finding("rcp", severity, f"{r['message']} (score scaling {r['factor']:.6g})")]
-
-
 def _file_reports(files: list[tuple[Path, ResultLog]], verdicts: list[tuple[str, list[Finding]]],
                   ruleset: str, division: str | None, desc: dict[str, Any] | None,
                   system: str | None, tolerance_ms: float) -> list[FileReport]:
@@ -289,25 +125,6 @@ def _file_reports(files: list[tuple[Path, ResultLog]], verdicts: list[tuple[str,
     div = division or log.division
     out.append(FileReport(path, log.benchmark, ruleset, verdict, official_findings,
                           _file_findings(log, ruleset, div, desc, system, tolerance_ms)))
-  return out
-
-
-def _validate_systems(package: Path, ruleset: str, usage: str, systems_used: set[str],
-                      tools: official.Isolated, *,
-                      only_used: bool = False) -> list[tuple[Path, list[Finding]]]:
-  out = []
-  folder = package / "systems"
-  names = systems_used if only_used else {p.stem for p in folder.glob("*.json")} | systems_used
-  for name in sorted(names):
-    path = folder / f"{name}.json"
-    desc, findings = _read_system(path)
-    if desc is not None and ruleset in official.RULESETS_WITH_PACKAGE_CHECKS:
-      result = tools.call(official._tool_system, str(path), usage, ruleset)
-      if result.error or not result.value:
-        why = result.error or "; ".join(m.split(" - ", 1)[-1] for m in result.messages
-                                        if m.startswith("ERROR"))
-        findings.append(Finding("system", Severity.FAIL, f"system description checker: {why}"))
-    out.append((path, findings))
   return out
 
 
@@ -323,7 +140,7 @@ def validate(path: Path, *, ruleset: str | None = None, usage: str = "training",
     progress: called with (logs checked, logs in all) as the official checker ends on each.
   """
   target = find(Path(path))
-  with official.Isolated(processes or _cores(), timeout_s) as tools:
+  with official.sigterm_raises(), official.Isolated(processes or _cores(), timeout_s) as tools:
     if target.kind == "log":
       return _validate_one_log(target, ruleset, usage, tools, tolerance_ms, progress)
     plans = _plan(target, ruleset)
@@ -334,14 +151,14 @@ def validate(path: Path, *, ruleset: str | None = None, usage: str = "training",
       if isinstance(how, Finding):
         benchmarks.append(BenchmarkReport(bench, "-", "no logs", [], [how]))
         continue
-      desc, _ = _read_system(bench.system_file)
+      desc, _ = package_lib.load_system(bench.system_file)
       division = (desc or {}).get("division")
       files = _file_reports(logs, [next(verdicts) for _ in logs], rs, division, desc,
                             bench.system, tolerance_ms)
-      findings = _package_findings(bench, rs, division or _division(logs), usage, tools, files)
+      findings = package_lib.findings(bench, rs, division or _division(logs), usage, tools, files)
       benchmarks.append(BenchmarkReport(bench, rs, how, files, findings))
     for package, rs, used in _packages(plans):
-      systems += _validate_systems(package, rs, usage, used, tools,
+      systems += package_lib.systems(package, rs, usage, used, tools,
                                    only_used=target.kind == "benchmark")
   return Report(target, [], benchmarks, systems)
 
@@ -390,7 +207,7 @@ def _validate_one_log(target: Target, ruleset: str | None, usage: str, tools: of
               if package else [log])
   rs = ruleset or detect_ruleset(siblings)[0]
   system = target.log.parent.parent.name if package else None
-  desc, _ = _read_system(package / "systems" / f"{system}.json" if package else None)
+  desc, _ = package_lib.load_system(package / "systems" / f"{system}.json" if package else None)
   files = [(target.log, log)]
   verdicts = _official([(target.log, log, rs)], usage, tools, progress)
   return Report(target, _file_reports(files, verdicts, rs, (desc or {}).get("division"), desc,

@@ -153,3 +153,65 @@ def test_samples_to_converge_and_gbs_as_the_summarizer_reports_them(tmp_path, di
   assert e.samples_to_converge == theirs.get("resnet:samples_to_converge")
   assert e.gbs == theirs.get("resnet:GBS")
   assert (e.gbs is None) == (division == "open")
+
+
+@pytest.mark.parametrize("option", ["--csv", "--json", "--plot"])
+def test_an_output_folder_is_checked_before_any_work(capsys, tmp_path, option):
+  # The missing input comes first on the command line; the output is refused first.
+  out = tmp_path / "missing" / "out.txt"
+  assert main(["compare", str(tmp_path / "no-such-package"), option, str(out)]) == 2
+  err = capsys.readouterr().err
+  assert err == f"error: {option} {out}: {out.parent} does not exist; create it first\n"
+  assert main(["compare", str(DATA / "v4.0/Dell"), option, "/dev/null/out.txt"]) == 2
+  assert capsys.readouterr().err.endswith(": /dev/null is not a folder\n")
+
+
+@pytest.mark.parametrize("where, content, message", [
+    ("systems/XE9680x8H100-SXM-80GB.json", b"\xff\xfe{}",
+     " is not UTF-8 text (byte 0xff at offset 0)"),
+    ("systems/XE9680x8H100-SXM-80GB.json", b"[1, 2]", " holds a JSON list, not an object"),
+    ("results/XE9680x8H100-SXM-80GB/ssd/scaling.json", b'{"scaling_factor": "1,2"}',
+     " holds no scaling_factor (ValueError: "),
+    ("results/XE9680x8H100-SXM-80GB/ssd/scaling.json", b'{"scaling_factor": 0}',
+     ": scaling_factor 0.0 is not a positive number"),
+], ids=["system not UTF-8", "system a list", "scaling not a number", "scaling 0"])
+def test_an_unreadable_system_or_scaling_file_is_a_one_line_error(capsys, tmp_path, where, content,
+                                                                  message):
+  root = tmp_path / "Dell"
+  shutil.copytree(DATA / "v4.0/Dell/results/XE9680x8H100-SXM-80GB/ssd",
+                  root / "results/XE9680x8H100-SXM-80GB/ssd")
+  shutil.copytree(DATA / "v4.0/Dell/systems", root / "systems")
+  (root / where).write_bytes(content)
+  assert main(["compare", str(root)]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"error: {root / where}{message}") and err.count("\n") == 1, err
+
+
+def _note(value):
+  return ":::MLLOG " + json.dumps({"namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME",
+                                   "key": "note", "value": value, "metadata": {}}) + "\n"
+
+
+def test_a_log_the_official_tools_cannot_judge_is_not_judged_not_not_converged(capsys, tmp_path):
+  root = tmp_path / "Dell"
+  bench = root / "results/XE9680x8H100-SXM-80GB/ssd"
+  shutil.copytree(DATA / "v4.0/Dell/results/XE9680x8H100-SXM-80GB/ssd", bench)
+  shutil.copytree(DATA / "v4.0/Dell/systems", root / "systems")
+  for name, extra in (("result_1.txt", _note("x" * 300_000)),  # hours in the official parser
+                      ("result_2.txt", _note("y" * 64_000) * 4)):  # under it; 10+ s there
+    lines = (bench / name).read_text().splitlines(keepends=True)
+    (bench / name).write_text("".join(lines[:30]) + extra + "".join(lines[30:]))
+  out = tmp_path / "cmp.json"
+  assert main(["compare", str(root), "--ruleset", "4.0.0", "--timeout", "5", "--json",
+               str(out)]) == 0
+  err = capsys.readouterr().err
+  [e] = json.loads(out.read_text())["entries"]
+  problems = [r["not_judged"] for r in e["runs"]]
+  assert problems[1].startswith("not run: line 31 is 300,1") and "would stall" in problems[1]
+  assert problems[2].startswith("timed out after 5 s reading result_2.txt, near line 3")
+  assert problems[0] is problems[3] is problems[4] is None and e["runs"][0]["converged"]
+  assert e["score_minutes"] is None and e["samples_to_converge"] is None and e["speedup"] is None
+  assert e["rcp"] == "Not run (result_1.txt not judged)" and e["rcp_factor"] is None
+  assert "not judged" in err and "36.295? " in err and "*" not in err.split("\n* ")[0]
+  assert f"? not judged, so ssd on XE9680x8H100-SXM-80GB has no score: {bench}/result_2.txt: " \
+         "timed out after 5 s" in err.replace("\n", " ")

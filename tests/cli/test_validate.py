@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -165,16 +167,52 @@ def test_an_unknown_benchmark(capsys, package):
   assert {f["checker"] for f in bench["files"]} <= {"FAIL", "ERROR"}
 
 
+def _loop(p):
+  p.symlink_to(p.with_name("other"))
+  p.with_name("other").symlink_to(p)
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda p: p.mkdir(), "holds no MLPerf result logs"),
     (lambda p: p.write_text("hello\n"), "is not an MLPerf result log"),
-])
-def test_not_a_log_or_package_is_a_one_line_error(capsys, tmp_path, make, message):
+    (lambda p: p.symlink_to("/dev/null"), "is a character device, not a result log or a folder"),
+    (lambda p: os.mkfifo(p), "is a named pipe (FIFO), not a result log or a folder"),
+    (_loop, "is a loop of symbolic links"),
+    (lambda p: p.symlink_to(p.with_name("gone")), "is a symbolic link to "),
+], ids=["empty folder", "text", "/dev/null", "fifo", "symlink loop", "dangling symlink"])
+@pytest.mark.parametrize("command", ["validate", "compare"])
+def test_not_a_log_or_package_is_a_one_line_error(capsys, tmp_path, make, message, command):
   target = tmp_path / "thing"
   make(target)
-  code, report, err = validate(capsys, target)
-  assert code == 2 and report is None
-  assert err.startswith("error: ") and message in err and err.count("\n") == 1
+  code = main([command, str(target)])
+  out, err = capsys.readouterr()
+  assert code == 2 and out == ""
+  assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_unreadable_system_description_and_params_are_one_line_findings(capsys, package):
+  (package / "systems/XE9680x8H100-SXM-80GB.json").write_bytes(b"\xff\xfe{}")
+  (_bench(package) / "package_checker_params").write_bytes(b"rcp-bypass\x00\xff")
+  code, report, err = validate(capsys, package)
+  assert code == 1
+  [(path, system)] = [(s["path"], s["findings"]) for s in report["systems"]]
+  assert [f["message"] for f in system] == [f"{path} is not UTF-8 text (byte 0xff at offset 0)"]
+  [params] = [f for f in report["benchmarks"][0]["findings"] if f["check"] == "params"]
+  assert params["message"].startswith(f"{_bench(package)}/package_checker_params is not UTF-8 "
+                                      "text (byte 0xff at offset 11)")
+  (package / "systems/XE9680x8H100-SXM-80GB.json").write_text("[1, 2]")
+  assert "holds a JSON list, not an object" in validate(capsys, package)[2]
+
+
+@pytest.mark.parametrize("command", ["validate", "compare"])
+def test_microsecond_timestamps_are_a_one_line_error(capsys, package, command):
+  for log in _bench(package).glob("result_*.txt"):
+    _edit(log, lambda t: re.sub(r'"time_ms": (\d+)', lambda m: f'"time_ms": {m.group(1)}000', t))
+  assert main([command, str(package)]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: cannot tell which ruleset 5 logs follow(s) (benchmarks ssd): "
+                        "their time_ms values are not milliseconds since 1970 (result_0.txt line ")
+  assert "is in the year 55,6" in err and err.count("\n") == 1
 
 
 def test_mlbench_logs_validate_under_the_mini_rules(capsys, tmp_path, write_log):

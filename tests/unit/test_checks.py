@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 
 import pytest
 
 from mlbench.verify import checks
 from mlbench import rules
 from mlbench.verify.checks import Severity
-from mlbench.verify.resultlog import ResultLog, detect_ruleset
+from mlbench.verify.resultlog import ResultLog, detect_ruleset, is_log
 from mlbench.errors import UserError
 
 
@@ -48,6 +49,34 @@ def test_reader_keeps_file_line_numbers_and_reports_bad_lines(tmp_path):
   assert [(ln.lineno, ln.key) for ln in log.lines] == [(2, "a")]
   assert [e[0] for e in log.errors] == [3, 4]
   assert [f.lineno for f in checks.parse_errors(log)] == [3, 4]
+
+
+def _peak_bytes(fn):
+  tracemalloc.start()
+  try:
+    out = fn()
+    return out, tracemalloc.get_traced_memory()[1]
+  finally:
+    tracemalloc.stop()
+
+
+def test_a_file_without_newlines_is_read_in_bounded_memory(tmp_path):
+  """32 MiB without a newline: not a log (a whole-line read held it twice over), and
+  as one :::MLLOG line between two good ones: counted, quoted, never held whole."""
+  chunk = b"x" * (1 << 20)
+  plain, log = tmp_path / "plain.txt", tmp_path / "log.txt"
+  plain.write_bytes(chunk * 32)
+  good = b':::MLLOG {"time_ms": 5, "key": "a", "value": 1, "metadata": {}}\n'
+  log.write_bytes(good + b":::MLLOG " + chunk * 32 + b"\n" + good)
+  found, peak = _peak_bytes(lambda: is_log(plain))
+  assert found is False and peak < 2**21
+  (read, peak) = _peak_bytes(lambda: ResultLog.read(log))
+  assert peak < 2**23  # the 1 MiB kept of the long line, and what reads it
+  assert [ln.lineno for ln in read.lines] == [1, 3] and read.longest == (2, 9 + 32 * 2**20)
+  [(lineno, quoted, problem)] = read.errors
+  assert lineno == 2 and len(quoted) == 1000
+  assert problem.startswith("not read: the line is 33,554,441 characters long")
+  assert is_log(log) and read.squares == 2 * 63**2 + (9 + 32 * 2**20) ** 2
 
 
 def test_timestamps_small_skew_warns_a_jump_back_fails_and_zero_is_set_aside(tmp_path):
@@ -141,3 +170,16 @@ def test_ruleset_from_the_latest_run_or_the_log_itself(tmp_path):
   assert detect_ruleset([named]) == ("mini", "named in the logs (mlbench_ruleset)")
   with pytest.raises(UserError, match="pass --ruleset"):
     detect_ruleset([_log(tmp_path, [(day, "submission_benchmark", "pong", {})], "d.txt")])
+
+
+def test_microsecond_timestamps_fail_and_date_nothing(tmp_path):
+  day_us = 1_714_000_000_000_000  # 2024-04-24 in microseconds: the year 56,284 in ms
+  log = _log(tmp_path, [(day_us, "submission_benchmark", "resnet", {}),
+                        (day_us + 5, "init_start", None, {})])
+  assert log.date is None and log.not_ms().lineno == 2
+  [f] = checks.timestamps(log)
+  assert f.severity is Severity.FAIL and f.lineno == 2
+  assert "time_ms 1,714,000,000,000,000 is in the year 56,284" in f.message
+  with pytest.raises(UserError, match=r"not milliseconds since 1970 \(log.txt line 2: "
+                     r"1,714,000,000,000,000 is in the year 56,284\); pass --ruleset"):
+    detect_ruleset([log])

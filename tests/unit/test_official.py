@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import re
+import shutil
+import signal
+import tempfile
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from mlbench.verify import official
+from mlbench.errors import Interrupted
+from mlbench.verify import official, screen
 from mlbench.verify.resultlog import ResultLog
 
 
@@ -79,7 +86,7 @@ def test_a_hung_checker_is_stopped_naming_the_file_and_line(tmp_path):
 ])
 def test_the_screen_flags_exactly_the_lines_that_crash_the_official_checker(tmp_path, line, raised):
   path = _with_line(tmp_path, line)
-  found = official.screen(ResultLog.read(path), "4.0.0")
+  found = screen.check(ResultLog.read(path), "4.0.0")
   with official.Isolated(1, 60) as tools:  # What the official checker itself does with it.
     out = tools.call(official._tool_compliance, str(path), "training", "4.0.0", None)
   if raised is None:
@@ -92,10 +99,76 @@ def test_the_screen_flags_exactly_the_lines_that_crash_the_official_checker(tmp_
 
 def test_the_screen_flags_lines_too_long_for_the_official_parser(tmp_path):
   fine = ResultLog.read(REAL)
-  assert official.screen(fine, "4.0.0") is None
-  assert fine.longest[1] < 2_300 and fine.squares < official.MAX_SQUARES / 100
-  one = official.screen(ResultLog.read(_with_line(tmp_path, _event("x" * 70_000))), "4.0.0")
+  assert screen.check(fine, "4.0.0") is None
+  assert fine.longest[1] < 2_300 and fine.squares < screen.MAX_SQUARES / 100
+  one = screen.check(ResultLog.read(_with_line(tmp_path, _event("x" * 70_000))), "4.0.0")
   assert one.lineno == 31 and "line 31 is 70," in one.reason
   many = "\n".join(_event("y" * 40_000) for _ in range(12))
-  together = official.screen(ResultLog.read(_with_line(tmp_path, many, name="b.txt")), "4.0.0")
+  together = screen.check(ResultLog.read(_with_line(tmp_path, many, name="b.txt")), "4.0.0")
   assert together.lineno == 31 and "too long together" in together.reason
+
+
+SSD = REAL.parents[1] / "ssd"  # Dell's five v4.0 ssd runs: the RCP check passes
+
+
+@pytest.fixture
+def rcp_folder(tmp_path, monkeypatch):
+  """A copy of SSD with what must not be copied beside the logs, and temporary folders
+  made where the test can see them."""
+  folder = tmp_path / "results" / "ssd"
+  shutil.copytree(SSD, folder)
+  os.mkfifo(folder / "notes.fifo")                 # copytree: "is a named pipe"
+  (folder / "dangling").symlink_to(tmp_path / "gone")
+  (folder / "data").symlink_to(tmp_path.parent)    # a link to a large tree
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+  (tmp_path / "tmp").mkdir()
+  return folder
+
+
+def _logs(folder):
+  return sorted(folder.glob("result_*.txt"))
+
+
+def test_the_rcp_check_copies_the_logs_only_and_leaves_nothing(rcp_folder):
+  with official.Isolated(1, 60) as tools:
+    out = official.rcp(tools, _logs(rcp_folder), "training", "4.0.0", False)
+    assert out.error is None and out.value["passed"] is True, out
+    assert not (rcp_folder / "scaling.json").exists()  # written into the copy only
+    assert list((rcp_folder.parents[1] / "tmp").iterdir()) == []
+    # A worker killed for its time limit cannot remove its folder: none was its own.
+    slow = official.Isolated(1, 0.5)
+    out = official.rcp(slow, _logs(rcp_folder), "training", "4.0.0", False)
+    slow.close()
+    assert out.error == "timed out after 0.5 s"
+    assert list((rcp_folder.parents[1] / "tmp").iterdir()) == []
+
+
+def test_a_sigterm_during_the_rcp_check_kills_the_worker_and_removes_the_copy(rcp_folder):
+  copies = rcp_folder.parents[1] / "tmp"
+
+  def terminate_once_copied():
+    deadline = time.monotonic() + 60
+    while not any(copies.iterdir()) and time.monotonic() < deadline:
+      time.sleep(0.005)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  returned = False
+  threading.Thread(target=terminate_once_copied, daemon=True).start()
+  with pytest.raises(Interrupted, match="^interrupted by SIGTERM; nothing was written$"):
+    with official.sigterm_raises(), official.Isolated(1, 60) as tools:
+      official.rcp(tools, _logs(rcp_folder), "training", "4.0.0", False)
+      returned = True
+      time.sleep(60)  # Only if the signal came late: it must still come in here.
+  assert not returned and list(copies.iterdir()) == []
+  assert multiprocessing.active_children() == []
+
+
+def test_an_rcp_error_names_the_users_file(rcp_folder):
+  log = rcp_folder / "result_3.txt"
+  log.write_text(re.sub(r'("key": "eval_accuracy", "value": [0-9.]+, "metadata": )\{[^}]*\}',
+                        r"\1{}", log.read_text()))
+  with official.Isolated(1, 60) as tools:
+    out = official.rcp(tools, _logs(rcp_folder), "training", "4.0.0", False)
+  assert out.error == "cannot read result_3.txt (KeyError: 'epoch_num')"
+  copies = str(rcp_folder.parents[1] / "tmp")
+  assert not any(copies in m for m in out.messages)

@@ -1,0 +1,148 @@
+"""The package checks of validate: what the official package_checker checks per
+benchmark folder (result count, unique seeds, reference convergence points, the
+benchmark being one of the round's), and each system description.
+
+The official seed, RCP and system-description checkers run in isolated
+workers (`mlbench.verify.official`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mlbench import rules as rules_lib
+from mlbench.errors import UserError
+from mlbench.verify import official, submission
+from mlbench.verify.checks import Finding, Severity
+from mlbench.verify.report import FileReport
+from mlbench.verify.submission import BenchmarkDir
+
+
+def load_system(path: Path | None) -> tuple[dict[str, Any] | None, list[Finding]]:
+  """A system description, and a FAIL finding when it is missing or unreadable."""
+  desc, problem = submission.read_system(path)
+  return desc, [Finding("system", Severity.FAIL, problem)] if problem else []
+
+
+def _params(bench: BenchmarkDir) -> set[str]:
+  """package_checker_params lines at the system and benchmark level.
+
+  Raises:
+    UserError: such a file is not UTF-8 text (what it allows cannot be known).
+  """
+  out = set()
+  for folder in (bench.folder.parent, bench.folder):
+    f = folder / "package_checker_params"
+    if f.is_file():
+      out |= {line.strip() for line in submission.read_text(f).splitlines() if line.strip()}
+  return out
+
+
+def _expected_runs(bench: BenchmarkDir, ruleset: str) -> int | None:
+  rule = rules_lib.find(bench.benchmark, ruleset)
+  if rule is not None:
+    return rule.runs
+  from mlperf_logging.benchmark_meta import get_result_file_counts
+
+  return get_result_file_counts("training").get(bench.benchmark)
+
+
+def _allowed(bench: BenchmarkDir, ruleset: str, usage: str) -> list[Finding]:
+  if ruleset == rules_lib.MINI:
+    known = rules_lib.rulesets(bench.benchmark)
+    ok = rules_lib.MINI in known
+    allowed = "the benchmarks in rules/mini"
+  else:
+    from mlperf_logging.benchmark_meta import get_allowed_benchmarks
+
+    try:
+      names = get_allowed_benchmarks(usage, ruleset)
+    except ValueError as e:
+      return [Finding("benchmark", Severity.FAIL, str(e))]
+    ok, allowed = bench.benchmark in names, ", ".join(sorted(set(names)))
+  return [] if ok else [Finding("benchmark", Severity.FAIL, f"'{bench.benchmark}' is not a "
+                                f"{ruleset} benchmark (known: {allowed})")]
+
+
+def _blocked(files: list[FileReport]) -> str | None:
+  """Why the official package tools cannot be run on these logs: they parse every
+  log as the compliance checker does, so what stalled or would stall it stalls them."""
+  for f in files:
+    first = f.checker_findings[0] if f.checker_findings else None
+    timed_out = f.checker == "ERROR" and first is not None and "timed out" in first.message
+    if f.checker == "NOT RUN" or timed_out:
+      line = f" (line {first.lineno})" if first is not None and first.lineno else ""
+      return (f"not run: the official checker {'timed out' if timed_out else 'was not run'} on "
+              f"{f.path.name}{line}, and these tools parse it the same way")
+  return None
+
+
+def findings(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str,
+             tools: official.Isolated, files: list[FileReport]) -> list[Finding]:
+  """The package checks of one benchmark folder, its logs already judged (`files`)."""
+  out = _allowed(bench, ruleset, usage)
+  expected = _expected_runs(bench, ruleset)
+  if expected is not None and len(bench.files) != expected:
+    out.append(Finding("runs", Severity.FAIL, f"{len(bench.files)} result_*.txt files, the "
+                       f"rules want exactly {expected}"))
+  tool_rs = rules_lib.checker_ruleset(bench.benchmark, ruleset)
+  if division != "closed" or tool_rs not in official.RULESETS_WITH_PACKAGE_CHECKS or out:
+    return out
+  if why := _blocked(files):
+    return out + [Finding("seeds", Severity.FAIL, f"seed and RCP checkers {why}")]
+  try:
+    params = _params(bench)
+  except UserError as e:
+    return out + [Finding("params", Severity.FAIL, f"{e}; it lists the package checker's "
+                          "options, one per line (rcp-bypass, seed-checker-bypass)")]
+  paths = [str(f) for f in bench.files]
+  if "seed-checker-bypass" not in params:
+    seeds = tools.call(official._tool_seeds, paths, tool_rs)
+    if seeds.error or not seeds.value:
+      why = seeds.error or "; ".join(m.split(" - ", 1)[-1] for m in seeds.messages
+                                     if m.startswith("ERROR"))
+      out.append(Finding("seeds", Severity.FAIL, f"seed checker failed: {why}"))
+  if ruleset == rules_lib.MINI:
+    out.append(Finding("rcp", Severity.INFO, "not checked: the mini rules have no reference "
+                       "convergence points"))
+  elif bench.benchmark != "minigo":
+    out += _rcp(bench, usage, tool_rs, "rcp-bypass" in params, tools)
+  return out
+
+
+def _rcp(bench: BenchmarkDir, usage: str, ruleset: str, bypass: bool,
+         tools: official.Isolated) -> list[Finding]:
+  return [rcp_finding(official.rcp(tools, bench.files, usage, ruleset, bypass))]
+
+
+def rcp_finding(result: official.Outcome) -> Finding:
+  """The RCP checker's outcome as validate reports it: a failure unless it passed."""
+  if result.error:
+    return Finding("rcp", Severity.FAIL, f"RCP checker failed: {result.error}")
+  r = result.value
+  severity = Severity.INFO if r["passed"] else Severity.FAIL
+  return Finding("rcp", severity, f"{r['message']} (score scaling {r['factor']:.6g})")
+
+
+def systems(package: Path, ruleset: str, usage: str, systems_used: set[str],
+            tools: official.Isolated, *,
+            only_used: bool = False) -> list[tuple[Path, list[Finding]]]:
+  """Each system description of `package` (only those its results use, with
+  `only_used`), read and judged by the official system-description checker."""
+  out = []
+  folder = package / "systems"
+  names = systems_used if only_used else {p.stem for p in folder.glob("*.json")} | systems_used
+  for name in sorted(names):
+    path = folder / f"{name}.json"
+    desc, findings = load_system(path)
+    if desc is not None and ruleset in official.RULESETS_WITH_PACKAGE_CHECKS:
+      result = tools.call(official._tool_system, str(path), usage, ruleset)
+      if result.error or not result.value:
+        why = result.error or "; ".join(m.split(" - ", 1)[-1] for m in result.messages
+                                        if m.startswith("ERROR"))
+        findings.append(Finding("system", Severity.FAIL, f"system description checker: {why}"))
+    out.append((path, findings))
+  return out
+
+
