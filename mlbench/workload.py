@@ -10,22 +10,13 @@ of `Workload.configs`) as its first argument, so a workload never sees a knob it
 does not own, and the harness never reads a workload's config fields directly:
 what it needs comes back through `Workload.schedule`.
 
-The contract is shaped for the five planned workloads:
-
-* resnet50: `init` returns batch-norm statistics as `State`; `loss` updates them.
-* bert: the eval step returns per-example masked-LM hits and weights; sums.
-* ssd: the eval step returns per-image detections; `EvalSpec.host` turns them
-  into `EvalPart.rows`, which the harness concatenates across hosts before
-  `EvalSpec.compute` runs COCO evaluation once.
-* transformer: the eval step runs beam search; `EvalSpec.host` computes BLEU
-  n-gram statistics into `EvalPart.sums`, which are summed across hosts.
-* moe: `loss` adds auxiliary and router z-losses and reports them (and the
-  dropped-token fraction) as train metrics; `StepContext.mesh` gives the
-  expert-parallel dispatch its mesh; `flops_per_example` counts model FLOPs
-  without the dispatch einsums.
-* llama31_8b: data in Megatron `.bin`/`.idx` files, read through `InputSpec.examples`
-  in the order the format's sample index gives; `Schedule.gradient_accumulation_steps`
-  splits the global batch into sequential microbatches.
+The contract is shaped for the six workloads: resnet50 and ssd return batch-norm
+statistics as `State` and name `spatial_inputs`; ssd's eval step returns detections that
+`EvalSpec.host` turns into `EvalPart.rows` (concatenated across hosts before COCO
+evaluation), the transformer's runs beam search and sums BLEU n-gram statistics into
+`EvalPart.sums`; moe reports auxiliary losses as train metrics and dispatches over
+`StepContext.mesh`; llama31_8b reads Megatron files through `InputSpec.examples`, and
+it and the other transformers declare a `layer_stack` for pipeline stages.
 """
 
 from __future__ import annotations
@@ -40,16 +31,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-Config = Any
-"""A workload's own frozen config dataclass."""
-Params = Any
-"""A pytree of trainable arrays."""
-State = Any
-"""A pytree of non-trainable model state (e.g. batch-norm statistics), or {}."""
-Array = Any
-"""A jax.Array (inside jitted code) or numpy array."""
-Batch = Mapping[str, Any]
-"""A dict of arrays; every array has the batch as its leading axis."""
+Config = Any  # a workload's own frozen config dataclass
+Params = Any  # a pytree of trainable arrays
+State = Any  # a pytree of non-trainable model state (e.g. batch-norm statistics), or {}
+Array = Any  # a jax.Array (inside jitted code) or numpy array
+Batch = Mapping[str, Any]  # a dict of arrays, each with the batch as its leading axis
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,10 +113,13 @@ class StepContext:
       `jax.shard_map`; all others ignore it.
     bn_groups: batch-norm statistics are computed over this many equal groups of
       the global batch (1: over the whole global batch).
+    microbatches: with a `stage` mesh axis, the GPipe microbatches each batch (of
+      every gradient-accumulation step) splits into; `mlbench.train.layers.stack` runs them.
   """
 
   mesh: Any
   bn_groups: int = 1
+  microbatches: int = 1
 
 
 class LossFn(Protocol):
@@ -143,8 +132,7 @@ class LossFn(Protocol):
   """
 
   def __call__(self, cfg: Config, ctx: StepContext, params: Params, state: State,
-               batch: Batch, rng: Array) -> tuple[Array, tuple[State, dict[str, Array]]]:
-    ...
+               batch: Batch, rng: Array) -> tuple[Array, tuple[State, dict[str, Array]]]: ...
 
 
 class EvalStepFn(Protocol):
@@ -157,8 +145,7 @@ class EvalStepFn(Protocol):
   """
 
   def __call__(self, cfg: Config, ctx: StepContext, params: Params, state: State,
-               batch: Batch) -> dict[str, Array]:
-    ...
+               batch: Batch) -> dict[str, Array]: ...
 
 
 @dataclasses.dataclass
@@ -216,11 +203,9 @@ class Examples(Protocol):
   batch axis), like a PyTorch map-style dataset. For data in formats of its own whose
   order the format defines (Megatron indexed datasets and their shuffled sample index)."""
 
-  def __len__(self) -> int:
-    ...
+  def __len__(self) -> int: ...
 
-  def __getitem__(self, index: int) -> Mapping[str, np.ndarray]:
-    ...
+  def __getitem__(self, index: int) -> Mapping[str, np.ndarray]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,6 +257,15 @@ class InputSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class LayerStack:
+  """`layers` repeated layers, parameters stacked on a leading axis under the parameter
+  subtree `path` ("layers"); partition rules describe one layer, the harness adds the axis."""
+
+  path: str
+  layers: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Workload:
   """A benchmark plugin. Register it under the `mlbench.workloads` entry point.
 
@@ -305,6 +299,10 @@ class Workload:
       everything replicated.
     flops_per_example: analytic model FLOPs of one training example (forward
       and backward), or None to let the harness count them with XLA.
+    layer_stack: `layer_stack(cfg) -> LayerStack | None`, the layers built by
+      `mlbench.train.layers.stack`: what a `stage` mesh axis splits into pipeline stages.
+    spatial_inputs: batch keys of images [B, H, W, C] that a `spatial` mesh axis
+      splits by height (convolutional workloads); empty: no spatial partitioning.
     default_config: the config `mlbench run <name>` uses.
     rulesets: the official rulesets whose `benchmark` this workload implements,
       for a benchmark key that has named different models over the rounds
@@ -326,6 +324,8 @@ class Workload:
   hparams: Callable[[Config, Schedule, StepContext], Mapping[str, HParam]]
   partition_rules: Callable[[Config], Sequence[tuple[str, Any]]] = lambda cfg: ()
   flops_per_example: Callable[[Config], float] | None = None
+  layer_stack: Callable[[Config], LayerStack | None] = lambda cfg: None
+  spatial_inputs: tuple[str, ...] = ()
   default_config: str = "mini"
   rulesets: tuple[str, ...] = ()
 
