@@ -167,3 +167,23 @@ def test_a_plan_carries_the_microbatches_and_logs_the_stages():
   assert plan.hparams["micro_batch_size"] == 1  # 8 sequences / 2 replicas / 4 microbatches
   default = _plan("llama31_8b", (("data", 4), ("stage", 2)), "model.scan_layers=true")
   assert default.ctx.microbatches == 2  # as many as stages
+
+
+def test_moe_groups_of_layers_pipeline_with_their_routing_statistics():
+  """The MoE LM's stack is groups of a dense and an MoE layer whose routing statistics
+  (aux outputs) come back averaged over the microbatches; with an expert axis too."""
+  w = registry.get("moe")
+  cfg = config_lib.override(w.configs["mini"](), ["model.scan_layers=true", "model.num_layers=4",
+                                                  "model.dropout=0", "data.seq_length=32"])
+  batch = w.synthetic_batch(cfg, Split.TRAIN, cfg.global_batch_size, np.random.default_rng(0))
+  params, _ = w.init(cfg, jax.random.key(0))
+  out = []
+  for shape in ({"data": 4}, {"data": 2, "stage": 2, "expert": 2}):
+    n = int(np.prod(list(shape.values())))
+    ctx = StepContext(mesh=mesh_lib.make_mesh(shape, devices=jax.devices()[:n]), microbatches=2)
+    loss, (_, metrics) = jax.jit(lambda p, b: w.loss(cfg, ctx, p, {}, b, jax.random.key(1)))(
+        params, batch)
+    out.append({"loss": loss, **metrics})
+  assert out[0].keys() == out[1].keys() and "moe_aux_loss" in out[0]
+  for k in out[0]:
+    np.testing.assert_allclose(out[1][k], out[0][k], rtol=1e-5, err_msg=k)
