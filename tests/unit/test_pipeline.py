@@ -187,3 +187,17 @@ def test_moe_groups_of_layers_pipeline_with_their_routing_statistics():
   assert out[0].keys() == out[1].keys() and "moe_aux_loss" in out[0]
   for k in out[0]:
     np.testing.assert_allclose(out[1][k], out[0][k], rtol=1e-5, err_msg=k)
+
+
+def test_check_reports_the_bubble_and_the_stage_hand_offs():
+  from mlbench.pod import check, parallel
+
+  plan = _plan("llama31_8b", (("data", 2), ("stage", 2)), "model.scan_layers=true",
+               "data.seq_length=32", "pipeline.microbatches=4")
+  got = parallel.report(plan, check.dry_run(plan))
+  assert (got.stages, got.microbatches, got.layers_per_stage) == (2, 4, 1)
+  assert got.bubble_fraction == pytest.approx(1 / 5) and got.mfu_ceiling == pytest.approx(0.8)
+  assert got.halo_permutes > 0 and got.halo_bytes > 0
+  assert got.step_floor_s is None  # no accelerator peak on a CPU
+  text = parallel.lines(got)
+  assert len(text) == 1 and "bubble (S-1)/(M+S-1) = 20.0%" in text[0] and "MFU <= 80.0%" in text[0]
