@@ -87,7 +87,10 @@ def to_stages(x_BX: Any, stages: int, microbatches: int, mesh: Any) -> Any:
   from jax.sharding import PartitionSpec as P
 
   b = x_BX.shape[0] // microbatches
-  x = x_BX.reshape((b, stages, microbatches // stages) + x_BX.shape[1:])
+  # Split by batch first (an FSDP embedding leaves its output split by width): resharding
+  # after the reshape would replicate the activations to get there.
+  x = _constrain(x_BX, mesh, P(DATA)).reshape((b, stages, microbatches // stages)
+                                              + x_BX.shape[1:])
   return _constrain(jnp.moveaxis(x, 0, 2), mesh, P(STAGE, None, DATA))
 
 
