@@ -98,12 +98,13 @@ class _Body(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, args: tuple[tuple, tuple]) -> tuple[jax.Array, Any]:
     per_example, shared = args
-    if self.mesh is not None and int(self.mesh.shape.get("data", 1)) > 1:
-      # Keep the carried activations split by batch: parameters split over `data`
+    rows = pipeline.batch_axes(self.mesh)
+    if rows:
+      # Keep the carried activations split by rows: parameters split over `data`
       # (FSDP) are then gathered, not the activations re-split.
       from jax.sharding import NamedSharding, PartitionSpec
 
-      x = jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, PartitionSpec("data")))
+      x = jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, PartitionSpec(rows)))
     out = self.layer(name="layer")(x, *per_example, *shared, **dict(self.kwargs))
     return out if isinstance(out, tuple) else (out, None)
 

@@ -36,7 +36,8 @@ from typing import Any
 from mlbench.errors import UserError
 
 STAGE = "stage"
-DATA = "data"
+BATCH_AXES = ("data", "expert")
+"""The mesh axes that split a batch's rows: data parallelism, and the MoE's tokens."""
 
 LayerFn = Callable[..., tuple[Any, dict[str, Any]]]
 """`layer_fn(layer_params, x_b, per_example_b, shared, rng) -> (x_b, aux)`: one layer on
@@ -50,6 +51,11 @@ def bubble_fraction(stages: int, microbatches: int) -> float:
 
 def stage_count(mesh: Any) -> int:
   return 1 if mesh is None else int(mesh.shape.get(STAGE, 1))
+
+
+def batch_axes(mesh: Any) -> tuple[str, ...]:
+  """The axes of `BATCH_AXES` that `mesh` splits (empty: the rows stay whole)."""
+  return () if mesh is None else tuple(a for a in BATCH_AXES if mesh.shape.get(a, 1) > 1)
 
 
 def check(*, stages: int, microbatches: int, layers: int, what: str,
@@ -89,18 +95,19 @@ def to_stages(x_BX: Any, stages: int, microbatches: int, mesh: Any) -> Any:
   b = x_BX.shape[0] // microbatches
   # Split by batch first (an FSDP embedding leaves its output split by width): resharding
   # after the reshape would replicate the activations to get there.
-  x = _constrain(x_BX, mesh, P(DATA)).reshape((b, stages, microbatches // stages)
-                                              + x_BX.shape[1:])
-  return _constrain(jnp.moveaxis(x, 0, 2), mesh, P(STAGE, None, DATA))
+  rows = batch_axes(mesh)
+  x = _constrain(x_BX, mesh, P(rows)).reshape((b, stages, microbatches // stages)
+                                             + x_BX.shape[1:])
+  return _constrain(jnp.moveaxis(x, 0, 2), mesh, P(STAGE, None, rows))
 
 
 def from_stages(y_SQbX: Any, mesh: Any) -> Any:
-  """The inverse of `to_stages`: [B, ...] split over data x stage."""
+  """The inverse of `to_stages`: [B, ...] split over data (and expert) x stage."""
   import jax.numpy as jnp
   from jax.sharding import PartitionSpec as P
 
   y = jnp.moveaxis(y_SQbX, 2, 0)
-  return _constrain(y.reshape((-1,) + y.shape[3:]), mesh, P((DATA, STAGE)))
+  return _constrain(y.reshape((-1,) + y.shape[3:]), mesh, P((*batch_axes(mesh), STAGE)))
 
 
 def by_microbatch(x_BX: Any, microbatches: int, mesh: Any) -> Any:
@@ -109,7 +116,7 @@ def by_microbatch(x_BX: Any, microbatches: int, mesh: Any) -> Any:
 
   b = x_BX.shape[0] // microbatches
   x = x_BX.reshape((b, microbatches) + x_BX.shape[1:]).swapaxes(0, 1)
-  return _constrain(x, mesh, P(None, DATA))
+  return _constrain(x, mesh, P(None, batch_axes(mesh)))
 
 
 def _stage(layer_fn: LayerFn, policy: Any, mesh: Any, params: Any, x_bX: Any, extras: Any,
@@ -120,13 +127,13 @@ def _stage(layer_fn: LayerFn, policy: Any, mesh: Any, params: Any, x_bX: Any, ex
   from jax.sharding import PartitionSpec as P
 
   # Inside shard_map: a bare spec, read against the mesh with `stage` manual.
-  batch = P(DATA) if mesh.shape.get(DATA, 1) > 1 else P()
+  batch = P(batch_axes(mesh))
 
   def one(h, xs):
     p, i = xs
     k = None if key is None else jax.random.fold_in(key, first_layer + i)
-    # The microbatch stays split by batch over `data`: parameters split over it (FSDP)
-    # are gathered, not the activations re-split.
+    # The microbatch stays split by rows: parameters split over `data` (FSDP) are
+    # gathered, not the activations re-split.
     return layer_fn(p, jax.lax.with_sharding_constraint(h, batch), extras, shared, k)
 
   if policy is not None:

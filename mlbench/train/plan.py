@@ -140,7 +140,7 @@ def _parallelism(workload: Workload, config_name: str, cfg: Any, schedule: Sched
     raise UserError(f"--mesh stage={stages}: {what} has no layer stack to split into pipeline "
                     f"stages{hint}; pipelines are for transformer workloads, drop the stage axis")
   micro = pipe.microbatches or stages
-  replicas = mesh_lib.data_size(mesh)
+  replicas = math.prod(mesh.shape[a] for a in pipeline.batch_axes(mesh))
   pipeline.check(stages=stages, microbatches=micro, layers=stack.layers, what=what, per_replica={
       "global_batch_size": schedule.global_batch_size
       // (replicas * schedule.gradient_accumulation_steps),
