@@ -33,6 +33,8 @@ class ParallelReport:
   halo_bytes: int
   step_floor_s: float | None  # model FLOPs at peak, stretched by the bubble
   mfu_ceiling: float          # 1 - bubble
+  state_bytes: int = 0        # parameters and optimizer state on one device (one stage's)
+  peak_bytes: int = 0         # the train step's peak on one device
 
 
 def report(plan: Any, check: Any) -> ParallelReport | None:
@@ -59,7 +61,9 @@ def report(plan: Any, check: Any) -> ParallelReport | None:
       activation_bytes=train.temp_bytes,
       halo_permutes=train.collectives.get("collective-permute", 0),
       halo_bytes=train.collective_bytes.get("collective-permute", 0),
-      step_floor_s=floor, mfu_ceiling=1 - bubble)
+      step_floor_s=floor, mfu_ceiling=1 - bubble,
+      state_bytes=check.param_bytes_per_device + check.opt_state_bytes_per_device,
+      peak_bytes=train.peak_bytes)
 
 
 def lines(r: ParallelReport, *, readable: bool = True) -> list[str]:
@@ -76,8 +80,10 @@ def lines(r: ParallelReport, *, readable: bool = True) -> list[str]:
     floor = ("" if r.step_floor_s is None else
              f"; no step under {r.step_floor_s * 1e3:,.2f} ms (model FLOPs at peak / "
              f"(1 - bubble))")
-    out.append(f"pipeline: {r.stages} stages of {r.layers_per_stage} layers, "
-               f"{r.microbatches} microbatches, bubble (S-1)/(M+S-1) = "
+    out.append(f"pipeline: {r.stages} stages of {r.layers_per_stage} layers, per stage "
+               f"(device) {mib(r.state_bytes)} of parameters and optimizer state and a "
+               f"train-step peak of {mib(r.peak_bytes)}; {r.microbatches} microbatches, "
+               f"bubble (S-1)/(M+S-1) = "
                f"{100 * r.bubble_fraction:.1f}% of the stack's time, so MFU <= "
                f"{100 * r.mfu_ceiling:.1f}%{floor}; stage hand-offs: {permutes}")
   return out

@@ -159,6 +159,13 @@ def test_bad_combinations_are_one_line_errors(workload, mesh, overrides, message
   assert "\n" not in str(e.value)
 
 
+def test_a_spatial_group_may_hold_less_than_one_image_per_device():
+  plan = _plan("resnet50", (("data", 2), ("spatial", 4)), "global_batch_size=2",
+               "eval_batch_size=2")
+  assert plan.gbs / plan.mesh.devices.size == 0.25  # each image on 4 devices
+  assert plan.ctx.bn_groups == 1
+
+
 def test_a_plan_carries_the_microbatches_and_logs_the_stages():
   plan = _plan("llama31_8b", (("data", 2), ("stage", 2)), "model.scan_layers=true",
                "pipeline.microbatches=4")
@@ -199,5 +206,6 @@ def test_check_reports_the_bubble_and_the_stage_hand_offs():
   assert got.bubble_fraction == pytest.approx(1 / 5) and got.mfu_ceiling == pytest.approx(0.8)
   assert got.halo_permutes > 0 and got.halo_bytes > 0
   assert got.step_floor_s is None  # no accelerator peak on a CPU
+  assert 0 < got.state_bytes < got.peak_bytes
   text = parallel.lines(got)
   assert len(text) == 1 and "bubble (S-1)/(M+S-1) = 20.0%" in text[0] and "MFU <= 80.0%" in text[0]
