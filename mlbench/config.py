@@ -38,7 +38,7 @@ class InputMode(enum.Enum):
   FAST = "fast"
 
 
-MESH_AXES = ("data", "model", "expert")
+MESH_AXES = ("data", "model", "expert", "spatial", "stage")
 
 
 def parse_mesh(text: str) -> tuple[tuple[str, int], ...]:
@@ -53,6 +53,34 @@ def parse_mesh(text: str) -> tuple[tuple[str, int], ...]:
       raise UserError(f"--mesh names axis '{name}' twice")
     out.append((name, int(size)))
   return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+  """GPipe's schedule for a `stage` mesh axis: the harness's `pipeline.*` keys.
+
+  Attributes:
+    microbatches: each batch (of every gradient-accumulation step) flows through the
+      stages as this many microbatches: a multiple of the stage count that divides
+      every data-parallel replica's examples. 0: as many as there are stages.
+  """
+
+  microbatches: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class HarnessConfig:
+  """The `--set` sections the harness owns, whatever the workload (`pipeline.*`)."""
+
+  pipeline: PipelineConfig = PipelineConfig()
+
+
+def split_overrides(assignments: Sequence[str]) -> tuple[tuple[str, ...], HarnessConfig]:
+  """(the workload config's assignments, the harness's sections with theirs applied)."""
+  sections = {f.name for f in dataclasses.fields(HarnessConfig)}
+  ours = [a for a in assignments if a.partition(".")[0].strip() in sections]
+  return (tuple(a for a in assignments if a not in ours),
+          override(HarnessConfig(), ours))
 
 
 def default_cache_dir() -> Path:

@@ -9,11 +9,6 @@ Every callable takes the workload's own config (a frozen dataclass built by one
 of `Workload.configs`) as its first argument, so a workload never sees a knob it
 does not own, and the harness never reads a workload's config fields directly:
 what it needs comes back through `Workload.schedule`.
-
-The built-in workloads shaped it: batch-norm `State` (resnet50, ssd), detection rows
-gathered across hosts (ssd), summed BLEU statistics (transformer), auxiliary losses and
-a per-device dispatch over `StepContext.mesh` (moe), Megatron files via `InputSpec.examples`
-(llama31_8b), and reference starting points (`StartPoint`: bert, ssd).
 """
 
 from __future__ import annotations
@@ -57,7 +52,6 @@ def unpack(value: HParam) -> tuple[Any, dict[str, Any]]:
 
 class Split(enum.Enum):
   """Which part of a dataset."""
-
   TRAIN = "train"
   EVAL = "eval"
 
@@ -69,15 +63,12 @@ class Schedule:
   Attributes:
     global_batch_size: examples per training step over all devices and hosts.
     eval_batch_size: examples per evaluation step over all devices and hosts.
-    train_examples: examples in one epoch of the training set (logged as
-      `train_samples`).
-    eval_examples: examples in the evaluation set (logged as `eval_samples`);
-      every one is evaluated exactly once per evaluation.
-    max_train_samples: the training budget; a run that has not reached its
-      quality target by then stops with status `aborted`.
-    gradient_accumulation_steps: each training step splits its global batch into
-      this many microbatches, run one after another, and applies the optimizer
-      once to their mean gradient (for batches bigger than memory).
+    train_examples: examples in one epoch of the training set (`train_samples`).
+    eval_examples: examples in the evaluation set (`eval_samples`), each evaluated
+      exactly once per evaluation.
+    max_train_samples: the budget; a run short of its target by then is `aborted`.
+    gradient_accumulation_steps: microbatches of each step's global batch, run in
+      turn; the optimizer applies their mean gradient once.
     eval_offset: every evaluation this much earlier than the rules' cadence puts
       it, in the rules' evaluation unit, up to their `max_offset` (the ResNet
       reference evaluates at epochs 2, 6, 10, ... with a cadence of 4).
@@ -109,15 +100,17 @@ class StepContext:
   """Static facts about the parallel layout a step runs under; from the harness.
 
   Attributes:
-    mesh: the device mesh (a `jax.sharding.Mesh`) the step is compiled for.
-      Models that need explicit per-device programs (MoE dispatch) use it with
-      `jax.shard_map`; all others ignore it.
+    mesh: the `jax.sharding.Mesh` the step is compiled for (for explicit per-device
+      programs with `jax.shard_map`, as the MoE dispatch).
     bn_groups: batch-norm statistics are computed over this many equal groups of
       the global batch (1: over the whole global batch).
+    microbatches: with a `stage` mesh axis, the GPipe microbatches each batch (of
+      every gradient-accumulation step) splits into; `mlbench.train.layers.stack` runs them.
   """
 
   mesh: Any
   bn_groups: int = 1
+  microbatches: int = 1
 
 
 class LossFn(Protocol):
@@ -130,8 +123,7 @@ class LossFn(Protocol):
   """
 
   def __call__(self, cfg: Config, ctx: StepContext, params: Params, state: State,
-               batch: Batch, rng: Array) -> tuple[Array, tuple[State, dict[str, Array]]]:
-    ...
+               batch: Batch, rng: Array) -> tuple[Array, tuple[State, dict[str, Array]]]: ...
 
 
 class EvalStepFn(Protocol):
@@ -144,8 +136,7 @@ class EvalStepFn(Protocol):
   """
 
   def __call__(self, cfg: Config, ctx: StepContext, params: Params, state: State,
-               batch: Batch) -> dict[str, Array]:
-    ...
+               batch: Batch) -> dict[str, Array]: ...
 
 
 @dataclasses.dataclass
@@ -203,11 +194,9 @@ class Examples(Protocol):
   batch axis), like a PyTorch map-style dataset. For data in formats of its own whose
   order the format defines (Megatron indexed datasets and their shuffled sample index)."""
 
-  def __len__(self) -> int:
-    ...
+  def __len__(self) -> int: ...
 
-  def __getitem__(self, index: int) -> Mapping[str, np.ndarray]:
-    ...
+  def __getitem__(self, index: int) -> Mapping[str, np.ndarray]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,6 +258,15 @@ class StartPoint:
 
 
 @dataclasses.dataclass(frozen=True)
+class LayerStack:
+  """`layers` repeated layers, parameters stacked on a leading axis under the parameter
+  subtree `path` ("layers"); partition rules describe one layer, the harness adds the axis."""
+
+  path: str
+  layers: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Workload:
   """A benchmark plugin. Register it under the `mlbench.workloads` entry point.
 
@@ -296,17 +294,19 @@ class Workload:
       choices; `model_bn_span` from `ctx.bn_groups` for batch-norm models). The
       harness adds `global_batch_size`, `train_samples`, `eval_samples`,
       `gradient_accumulation_steps` and `seed`.
-    partition_rules: `partition_rules(cfg) -> [(regex, logical PartitionSpec)]`
-      matched against parameter paths like `layer_0/attention/query/kernel`;
-      the harness maps the logical axis names onto the mesh. Default: none,
-      everything replicated.
-    flops_per_example: analytic model FLOPs of one training example (forward
-      and backward), or None to let the harness count them with XLA.
+    partition_rules: `partition_rules(cfg) -> [(regex, logical PartitionSpec)]` on
+      parameter paths (`layer_0/attention/query/kernel`); the harness maps the logical
+      axes onto the mesh. Default: none, everything replicated.
+    flops_per_example: analytic model FLOPs of one training example (forward and
+      backward); None: no MFU is reported.
+    layer_stack: `layer_stack(cfg) -> LayerStack | None`, the layers built by
+      `mlbench.train.layers.stack`: what a `stage` mesh axis splits into pipeline stages.
+    spatial_inputs: batch keys of images [B, H, W, C] that a `spatial` mesh axis
+      splits by height (convolutional workloads); empty: no spatial partitioning.
     default_config: the config `mlbench run <name>` uses.
-    rulesets: the official rulesets whose `benchmark` this workload implements,
-      for a benchmark key that has named different models over the rounds
-      (`ssd` is SSD-ResNet-34 up to 0.7.0 and RetinaNet from 1.1); empty: every
-      ruleset with rules for `benchmark`. The mini ruleset is always allowed.
+    rulesets: the official rulesets whose `benchmark` this workload implements, where
+      the key named other models in other rounds (`ssd`: SSD-ResNet-34 up to 0.7.0);
+      empty: every ruleset with rules for `benchmark`. `mini` is always allowed.
     start: the reference's starting point, if it has one (see `StartPoint`).
   """
 
@@ -324,6 +324,8 @@ class Workload:
   hparams: Callable[[Config, Schedule, StepContext], Mapping[str, HParam]]
   partition_rules: Callable[[Config], Sequence[tuple[str, Any]]] = lambda cfg: ()
   flops_per_example: Callable[[Config], float] | None = None
+  layer_stack: Callable[[Config], LayerStack | None] = lambda cfg: None
+  spatial_inputs: tuple[str, ...] = ()
   default_config: str = "mini"
   rulesets: tuple[str, ...] = ()
   start: StartPoint | None = None
@@ -332,8 +334,7 @@ class Workload:
 def lazy(target: str) -> Callable[..., Any]:
   """A callable that imports `"package.module:function"` on first call.
 
-  Lets a workload's `__init__` define its `Workload` without importing JAX,
-  Flax or TensorFlow, so `mlbench list` stays fast.
+  A workload's `__init__` imports no JAX, Flax or TensorFlow: `mlbench list` stays fast.
   """
   module, _, attr = target.partition(":")
 

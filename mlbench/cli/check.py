@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -40,7 +41,7 @@ def check_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...]
   pod time. With --topology: also XLA's estimated step time, the roofline terms, the
   predicted samples/s, MFU and time to train.
   """
-  from mlbench.pod import check
+  from mlbench.pod import check, parallel
   from mlbench.train import compile_cache
 
   if topology and cpu_devices:
@@ -49,12 +50,15 @@ def check_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...]
                  cpu_devices=cpu_devices, **scaling_config(scaling))
   plan = _topology_plan(rc, topology) if topology else _local_plan(rc)
   report = check.dry_run(plan, topology=topology, convergence=_convergence(plan, from_log))
+  axes = parallel.report(plan, report)  # the spatial and stage axes, where the mesh has them
   console = output.console()
   _print(report, console)
+  for line in parallel.lines(axes, readable=report.programs[0].hlo_readable) if axes else ():
+    console.print(line, highlight=False)
   console.print(compile_cache.stats().summary(), highlight=False)
   if as_json:
-    click.echo(json.dumps({**report.to_json(), "compile_cache": compile_cache.stats().to_json()},
-                          indent=2))
+    click.echo(json.dumps({**report.to_json(), "compile_cache": compile_cache.stats().to_json(),
+                           "parallel": dataclasses.asdict(axes) if axes else None}, indent=2))
   return 0
 
 

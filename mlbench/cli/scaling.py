@@ -15,8 +15,9 @@ def scaling_options(fn):
   the multi-host options and --compile-cache to a command."""
   options = [
       click.option("--mesh", metavar="AXIS=N,...", envvar="MLBENCH_MESH",
-                   help="Device mesh, e.g. data=4,model=2 (axes: data, model, expert). "
-                        "[default: every device on data]"),
+                   help="Device mesh, e.g. data=4,model=2 (axes: data, model, expert, "
+                        "spatial: split images by height, stage: pipeline stages, with "
+                        "--set pipeline.microbatches=M). [default: every device on data]"),
       click.option("--weight-update-sharding/--no-weight-update-sharding", default=False,
                    envvar="MLBENCH_WEIGHT_UPDATE_SHARDING",
                    help="Shard the optimizer state and the weight update over the "

@@ -9,15 +9,25 @@ over the global batch; with as many groups as devices, per-device batch norm.
 The running statistics average the groups' statistics every step, so they are
 always the same on every replica (nothing to synchronise before evaluation).
 Parameter and statistic names match flax.linen.BatchNorm.
+
+`stack` is a stack of identical layers with their parameters stacked on a leading
+layer axis (`nn.scan`): scanned on one device group, or, with a `stage` mesh axis,
+split into GPipe pipeline stages (`mlbench.train.pipeline`). A workload that builds
+its repeated layers with it and declares them as its `Workload.layer_stack` gets
+pipeline parallelism from `--mesh ...,stage=S`, with no pipeline code of its own.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from mlbench.train import pipeline
 
 
 class BatchNorm(nn.Module):
@@ -76,3 +86,81 @@ def _per_group(x: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
   x_G = x.reshape((groups, x.shape[0] // groups) + x.shape[1:])
   shape = (groups,) + (1,) * (x.ndim - 1) + (a.shape[-1],)
   return (x_G * a.reshape(shape) + b.reshape(shape)).reshape(x.shape)
+
+
+class _Body(nn.Module):
+  """One layer of a stack as an `nn.scan` body: (x, (per_example, shared)) -> (x, aux)."""
+
+  layer: Callable[..., nn.Module]
+  kwargs: tuple[tuple[str, Any], ...] = ()
+  mesh: Any = None
+
+  @nn.compact
+  def __call__(self, x: jax.Array, args: tuple[tuple, tuple]) -> tuple[jax.Array, Any]:
+    per_example, shared = args
+    rows = pipeline.batch_axes(self.mesh)
+    if rows:
+      # Keep the carried activations split by rows: parameters split over `data`
+      # (FSDP) are then gathered, not the activations re-split.
+      from jax.sharding import NamedSharding, PartitionSpec
+
+      x = jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, PartitionSpec(rows)))
+    out = self.layer(name="layer")(x, *per_example, *shared, **dict(self.kwargs))
+    return out if isinstance(out, tuple) else (out, None)
+
+
+def stack(layer: Callable[..., nn.Module], x: jax.Array, *, length: int,
+          per_example: Sequence[jax.Array] = (), shared: Sequence[jax.Array] = (),
+          kwargs: Mapping[str, Any] | None = None, has_aux: bool = False, mesh: Any = None,
+          microbatches: int = 1, remat_policy: Any = None, name: str = "layers",
+          rngs: Sequence[str] = ("dropout",)) -> Any:
+  """`length` layers `layer(name="layer")`, applied in turn to `x`; call it inside a
+  Flax module's compact method. Parameters live under `name/layer/...`, each with a
+  leading axis of `length` (declare `LayerStack(path=name, layers=length)`).
+
+  Args:
+    layer: builds one layer (a Module class or a partial of one); it is called as
+      `layer(x, *per_example, *shared, **kwargs)` and returns x, or (x, aux dict)
+      with `has_aux`.
+    per_example: arrays [B, ...] that go with the rows of `x` (attention masks).
+    shared: arrays every row uses (position tables, a causal mask).
+    kwargs: static keyword arguments (`deterministic`).
+    mesh, microbatches: `StepContext.mesh` and `StepContext.microbatches`; with a
+      `stage` axis (and outside `init`) the layers run as a GPipe pipeline.
+    remat_policy: None (keep every activation) or a `jax.checkpoint` policy for each
+      layer (`jax.checkpoint_policies.nothing_saveable`: keep only layer inputs).
+    rngs: the random streams the layer draws from (`dropout`; MoE's `gating`): split
+      per layer when scanned, folded per microbatch and layer when pipelined (other
+      draws, same distribution).
+
+  Returns:
+    x after the layers, or (x, aux summed over layers) with `has_aux`.
+  """
+  static = tuple(sorted((kwargs or {}).items()))
+  body = _Body if remat_policy is None else nn.remat(_Body, policy=remat_policy,
+                                                      prevent_cse=False)
+  scanned = nn.scan(body, variable_axes={"params": 0},
+                    split_rngs={"params": True, **{r: True for r in rngs}},
+                    in_axes=nn.broadcast, length=length)(layer, static, mesh, name=name)
+  if pipeline.stage_count(mesh) == 1 or scanned.is_initializing():
+    y, aux = scanned(x, (tuple(per_example), tuple(shared)))
+    aux = {} if aux is None else jax.tree.map(lambda a: a.sum(0), aux)
+  else:
+    streams = tuple(r for r in rngs if scanned.has_rng(r))
+    rng = scanned.make_rng(streams[0]) if streams else None
+    y, aux = pipeline.gpipe(functools.partial(_apply_layer, layer, static, has_aux, streams),
+                            scanned.variables["params"]["layer"], x, mesh=mesh,
+                            microbatches=microbatches, per_example=per_example,
+                            shared=shared, rng=rng, policy=remat_policy)
+  return (y, aux) if has_aux else y
+
+
+def _apply_layer(layer: Callable[..., nn.Module], static: tuple, has_aux: bool,
+                 streams: tuple[str, ...], params: Any, x: jax.Array, per_example: tuple,
+                 shared: tuple, rng: Any) -> tuple[Any, Any]:
+  """One pipelined layer: the layer module applied to its own slice of the stack, each
+  random stream with its own key."""
+  rngs = {} if rng is None else {r: jax.random.fold_in(rng, i) for i, r in enumerate(streams)}
+  out = layer(parent=None).apply({"params": params}, x, *per_example, *shared, **dict(static),
+                                 rngs=rngs)
+  return out if has_aux else (out, {})

@@ -3,7 +3,9 @@
 Batches are sharded over the `data` axis: each process feeds its own rows
 (`jax.make_array_from_process_local_data`), and reads back only its own rows of
 per-example outputs (`local_rows`), so nothing is gathered that a host does not
-need.
+need. The other axes split the model, not the batch: `model` (tensor
+parallelism), `expert` (MoE dispatch), `spatial` (each image's height, see
+`split_images`) and `stage` (pipeline stages, see `mlbench.train.pipeline`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import numpy as np
 from mlbench.errors import UserError
 
 DATA = "data"
-AXES = ("data", "model", "expert")
+SPATIAL = "spatial"
+STAGE = "stage"
+AXES = ("data", "model", "expert", SPATIAL, STAGE)
 
 
 def make_mesh(shape: Mapping[str, int] | None = None, devices: Sequence[Any] | None = None) -> Any:
@@ -54,6 +58,33 @@ def replicated(mesh: Any) -> Any:
 
 def data_size(mesh: Any) -> int:
   return int(mesh.shape[DATA])
+
+
+def axis_size(mesh: Any, axis: str) -> int:
+  """The size of a mesh axis; 1 where the mesh (or a missing mesh) lacks it."""
+  return 1 if mesh is None else int(mesh.shape.get(axis, 1))
+
+
+def split_images(batch: Mapping[str, Any], keys: Sequence[str], mesh: Any) -> dict[str, Any]:
+  """Spatial partitioning: the image arrays [B, H, W, C] among `batch[keys]` split by
+  height over the `spatial` axis (and by batch over `data`), through the logical axis
+  rules. GSPMD carries the split through every convolution computed from them and
+  inserts the halo exchanges (collective-permutes) at their borders; batch-norm
+  statistics, reductions over height, become all-reduces over the spatial group too.
+  Each device of a spatial group already holds its replica's rows, so the split is
+  local slicing, no communication. A no-op without a `spatial` axis."""
+  if axis_size(mesh, SPATIAL) == 1 or not keys:
+    return dict(batch)
+  import jax
+  from jax.sharding import NamedSharding, PartitionSpec
+
+  from mlbench.train import sharding
+
+  def split(x: Any) -> Any:
+    spec = sharding.mesh_spec(PartitionSpec("batch", "height"), mesh, x.ndim, "an image")
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+  return {k: split(v) if k in keys else v for k, v in batch.items()}
 
 
 def to_global(batch: Mapping[str, np.ndarray], sharding: Any, global_batch: int) -> dict[str, Any]:

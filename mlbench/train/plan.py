@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mlbench import config as config_lib, paths, registry, results, rules
-from mlbench.train import data, mesh as mesh_lib
+from mlbench.train import data, mesh as mesh_lib, pipeline
 from mlbench.config import Division, InputMode, RunConfig
 from mlbench.errors import UserError, choices
 from mlbench.train.runtime import Runtime
@@ -122,11 +122,43 @@ def _check_batches(schedule: Schedule, runtime: Runtime, mesh: Any) -> None:
                     f"{schedule.global_batch_size // devices}")
 
 
+def _parallelism(workload: Workload, config_name: str, cfg: Any, schedule: Schedule, mesh: Any,
+                 pipe: config_lib.PipelineConfig) -> int:
+  """Checks the spatial and stage axes against what the workload declares; returns the
+  pipeline's microbatches (1 without a stage axis)."""
+  what = f"{workload.name} --config {config_name}"
+  spatial = mesh_lib.axis_size(mesh, mesh_lib.SPATIAL)
+  if spatial > 1 and not workload.spatial_inputs:
+    raise UserError(f"--mesh spatial={spatial}: {what} has no images to split by height "
+                    "(spatial partitioning is for convolutional workloads: resnet50, ssd); "
+                    "drop the spatial axis")
+  stages = pipeline.stage_count(mesh)
+  if stages == 1:
+    if pipe.microbatches:
+      raise UserError("pipeline.microbatches needs pipeline stages: add a stage axis, "
+                      "e.g. --mesh data=N,stage=S")
+    return 1
+  stack = workload.layer_stack(cfg)
+  if stack is None:
+    scan = getattr(getattr(cfg, "model", None), "scan_layers", None)
+    hint = " (--set model.scan_layers=true)" if scan is False else ""
+    raise UserError(f"--mesh stage={stages}: {what} has no layer stack to split into pipeline "
+                    f"stages{hint}; pipelines are for transformer workloads, drop the stage axis")
+  micro = pipe.microbatches or stages
+  replicas = math.prod(mesh.shape[a] for a in pipeline.batch_axes(mesh))
+  pipeline.check(stages=stages, microbatches=micro, layers=stack.layers, what=what, per_replica={
+      "global_batch_size": schedule.global_batch_size
+      // (replicas * schedule.gradient_accumulation_steps),
+      "eval_batch_size": schedule.eval_batch_size // replicas})
+  return micro
+
+
 def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | None = None) -> Plan:
   """Validates a run request and builds the shared plan (writes the system description)."""
   workload = registry.get(rc.workload)
   name, cfg = config_lib.load(workload, rc.config)
-  cfg = config_lib.override(cfg, rc.overrides)
+  overrides, harness = config_lib.split_overrides(rc.overrides)
+  cfg = config_lib.override(cfg, overrides)
   cfg = _with_precision(cfg, name, rc.precision, runtime)
   ruleset = rc.ruleset or rules.default_ruleset(workload.benchmark, name, workload.rulesets)
   rule = rules.load(workload.benchmark, ruleset)
@@ -137,7 +169,9 @@ def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | Non
   schedule = workload.schedule(cfg)
   mesh = mesh_lib.make_mesh(dict(rc.mesh) if rc.mesh else None, devices=runtime.devices)
   _check_batches(schedule, runtime, mesh)
-  ctx = StepContext(mesh=mesh, bn_groups=_bn_groups(rc.bn_group_size, mesh, schedule))
+  ctx = StepContext(mesh=mesh, bn_groups=_bn_groups(rc.bn_group_size, mesh, schedule),
+                    microbatches=_parallelism(workload, name, cfg, schedule, mesh,
+                                              harness.pipeline))
   hparams = {**harness_hparams(schedule), **_random_start(workload.start, cfg),
              **workload.hparams(cfg, schedule, ctx)}
   problems = rule.problems(hparams, closed=rc.division is Division.CLOSED)

@@ -7,6 +7,11 @@ result to every leaf of the train state whose path matches: the parameters and
 the optimizer state that mirrors them (`opt_state/.../attention/query/kernel`).
 Leaves no rule matches are replicated. Axes the mesh lacks (or has with size 1)
 are dropped, so the same rules serve a data-only mesh and a model-parallel one.
+
+A workload's layer stack (`Workload.layer_stack`: one layer's parameters stacked
+on a leading layer axis) is written for one layer: the harness adds the layer
+axis, logical `layers`, which a `stage` mesh axis splits into pipeline stages
+(contiguous blocks of layers, one per stage).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ AXIS_RULES: Mapping[str, str | None] = {
     "vocab": "model",
     "channels": "model",
     "expert": "expert",
+    "height": "spatial",  # an image's rows: spatial partitioning
+    "layers": "stage",    # a layer stack's leading axis: pipeline stages
 }
 
 
@@ -65,19 +72,26 @@ def mesh_spec(logical: Any, mesh: Any, ndim: int, where: str) -> Any:
   return PartitionSpec(*out)
 
 
-def tree_shardings(tree: Any, rules: Sequence[tuple[str, Any]], mesh: Any) -> Any:
-  """NamedShardings for every leaf of `tree` (arrays or ShapeDtypeStructs)."""
+def tree_shardings(tree: Any, rules: Sequence[tuple[str, Any]], mesh: Any,
+                   stack: str | None = None) -> Any:
+  """NamedShardings for every leaf of `tree` (arrays or ShapeDtypeStructs).
+
+  Leaves under the parameter subtree `stack` (a layer stack's path, `layers`) get the
+  logical `layers` axis in front of what their rule says of one layer.
+  """
   import jax
   from jax.sharding import NamedSharding, PartitionSpec
 
   compiled = [(re.compile(pattern), spec) for pattern, spec in rules]
+  in_stack = re.compile(rf"(^|/){re.escape(stack)}/") if stack else None
 
   def one(path, leaf):
     where = path_str(path)
-    for pattern, spec in compiled:
-      if pattern.search(where):
-        return NamedSharding(mesh, mesh_spec(spec, mesh, len(leaf.shape), where))
-    return NamedSharding(mesh, PartitionSpec())
+    stacked = in_stack is not None and in_stack.search(where) is not None and len(leaf.shape)
+    logical = next((spec for pattern, spec in compiled if pattern.search(where)), PartitionSpec())
+    if stacked:
+      logical = PartitionSpec("layers", *logical)
+    return NamedSharding(mesh, mesh_spec(logical, mesh, len(leaf.shape), where))
 
   return jax.tree_util.tree_map_with_path(one, tree)
 

@@ -95,6 +95,7 @@ def value_and_grad(workload: Workload, cfg: Any, ctx: StepContext, params: Any,
   `accumulate` > 1, means over that many microbatches run one after another."""
 
   def one(state, mb, key):
+    mb = mesh_lib.split_images(mb, workload.spatial_inputs, ctx.mesh)
     return jax.value_and_grad(
         lambda p: workload.loss(cfg, ctx, p, state, mb, key), has_aux=True)(params)
 
@@ -151,6 +152,7 @@ def train_fn(workload: Workload, cfg: Any, ctx: StepContext, tx: optax.GradientT
 
 def eval_fn(workload: Workload, cfg: Any, ctx: StepContext):
   def step(state: TrainState, batch: Batch) -> dict[str, jax.Array]:
+    batch = mesh_lib.split_images(batch, workload.spatial_inputs, ctx.mesh)
     return workload.eval.step(cfg, ctx, state.params, state.model_state, batch)
 
   return step
@@ -163,7 +165,9 @@ def compile_programs(workload: Workload, cfg: Any, schedule: Schedule, mesh: Any
   rng_spec = jax.ShapeDtypeStruct((), jnp.uint32, sharding=mesh_lib.replicated(mesh))
   init = init_fn(workload, cfg, tx)
   state_shapes = jax.eval_shape(init, rng_spec)
-  state_sh = sharding.tree_shardings(state_shapes, workload.partition_rules(cfg), mesh)
+  stack = workload.layer_stack(cfg)
+  state_sh = sharding.tree_shardings(state_shapes, workload.partition_rules(cfg), mesh,
+                                     stack=stack.path if stack else None)
   update_sh = None
   if weight_update_sharding:
     state_sh = state_sh.replace(opt_state=sharding.over_data(state_shapes.opt_state,

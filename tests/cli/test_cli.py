@@ -60,7 +60,11 @@ def test_a_bad_request_is_one_line_on_stderr_with_exit_code_2(mlbench):
     (["run", "resnet50", "--mesh", "data=3"], "error: mesh {'data': 3} needs 3 devices, there "
                                               "are 8"),
     (["run", "resnet50", "--mesh", "tensor=8"],
-     "error: --mesh expects AXIS=SIZE,... with axes data, model, expert; got 'tensor=8'"),
+     "error: --mesh expects AXIS=SIZE,... with axes data, model, expert, spatial, stage; got "
+     "'tensor=8'"),
+    (["run", "resnet50", "--mesh", "data=4,stage=2"],
+     "error: --mesh stage=2: resnet50 --config mini has no layer stack to split into pipeline "
+     "stages; pipelines are for transformer workloads, drop the stage axis"),
     (["run", "resnet50", "--bn-group-size", "3"],
      "error: --bn-group-size 3 must divide the 8 data-parallel devices"),
     (["run", "resnet50", "--num-processes", "2"], "error: a multi-host run needs --coordinator "

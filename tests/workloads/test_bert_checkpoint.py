@@ -131,9 +131,12 @@ def _reference_mlm_logits(w, batch, cfg):
   return x @ w["bert/embeddings/word_embeddings"].T + w["cls/predictions/output_bias"]
 
 
-def test_the_phase1_checkpoint_gives_the_reference_mlm_logits(tmp_path):
+@pytest.mark.parametrize("scan", [False, True], ids=["layers", "scanned-layers"])
+def test_the_phase1_checkpoint_gives_the_reference_mlm_logits(tmp_path, scan):
   cfg = _small()
   weights = _tf_weights(cfg)
+  # Scanned layers (a pipeline's layer stack) load layer i's variables at index i.
+  cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, scan_layers=scan))
   cfg = dataclasses.replace(cfg, init_checkpoint=_save(weights, tmp_path / "model.ckpt-28252"))
   params, _ = jax.jit(WORKLOAD.init, static_argnums=0)(cfg, jax.random.key(1))
   batch = WORKLOAD.synthetic_batch(cfg, Split.EVAL, 3, np.random.default_rng(2))
@@ -146,7 +149,9 @@ def test_the_phase1_checkpoint_gives_the_reference_mlm_logits(tmp_path):
                                 weights["cls/seq_relationship/output_weights"].T)
   hp = WORKLOAD.hparams(cfg, WORKLOAD.schedule(cfg), None)
   value, meta = unpack(hp["weights_initialization"])
-  assert value == cfg.init_checkpoint and meta["variables"] == len(params_leaves(params))
+  assert value == cfg.init_checkpoint
+  assert meta["variables"] == (len(checkpoint.reference_names(cfg.model)) if scan
+                               else len(params_leaves(params)))
 
 
 def params_leaves(params):

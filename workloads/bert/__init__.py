@@ -34,4 +34,5 @@ WORKLOAD = Workload(
         key="init_checkpoint", name="the phase-1 checkpoint model.ckpt-28252",
         source="the tf1_ckpt folder of the MLPerf BERT input files, downloaded as "
                "mlcommons/training retired_benchmarks/bert/README.md says"),
+    layer_stack=lazy(f"{_TRAIN}:layer_stack"),
 )

@@ -112,9 +112,21 @@ def read(cfg: ModelConfig, path: str, shapes: dict[str, tuple[int, ...]]) -> dic
   shape), read from the checkpoint at `path`."""
   names = check(cfg, path)
   reader = _reader(path)
+
+  def value(var: Var, shape: tuple[int, ...]) -> np.ndarray:
+    v = np.asarray(reader.get_tensor(var.name), np.float32)
+    return (v.T if var.transpose else v).reshape(shape)
+
   out = {}
   for flax_path, shape in shapes.items():
-    var = names[flax_path]
-    value = np.asarray(reader.get_tensor(var.name), np.float32)
-    out[flax_path] = (value.T if var.transpose else value).reshape(shape)
+    if flax_path.startswith(STACKED):  # scan_layers: layer i's variables at index i
+      rest = flax_path[len(STACKED):]
+      out[flax_path] = np.stack([value(names[f"layer_{i}/{rest}"], shape[1:])
+                                 for i in range(shape[0])])
+    else:
+      out[flax_path] = value(names[flax_path], shape)
   return out
+
+
+STACKED = "layers/layer/"
+"""Where scanned layers (`ModelConfig.scan_layers`) keep their stacked parameters."""

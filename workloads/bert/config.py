@@ -49,6 +49,9 @@ class ModelConfig:
   layer_norm_epsilon: float = 1e-12
   dtype: DType = DType.FLOAT32  # activations and matmuls; parameters stay float32
   remat: Remat = Remat.NONE
+  # The layers as one scanned stack (parameters under `layers/layer/...`, stacked on a
+  # leading axis): one layer's program to compile, and pipeline stages (--mesh stage=S).
+  scan_layers: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

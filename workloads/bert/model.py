@@ -22,6 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from mlbench.train import layers
 from workloads.bert.config import ModelConfig, Remat
 from workloads.common import transformer as blocks
 
@@ -58,9 +59,13 @@ class Layer(nn.Module):
 
 
 class Bert(nn.Module):
-  """`(masked-LM logits [B, P, V], next-sentence logits [B, 2])`, both float32."""
+  """`(masked-LM logits [B, P, V], next-sentence logits [B, 2])`, both float32. Scanned
+  layers (`scan_layers`) are the harness's layer stack: a `stage` mesh axis runs them as
+  `microbatches` GPipe microbatches."""
 
   cfg: ModelConfig
+  mesh: Any = None
+  microbatches: int = 1
 
   @nn.compact
   def __call__(self, batch: dict[str, jax.Array], deterministic: bool = True
@@ -78,9 +83,16 @@ class Bert(nn.Module):
     bias_B11L = blocks.padding_bias(batch["input_mask"])
     # Under remat each layer keeps only its input for the backward pass;
     # `deterministic` (argument 3, counting the module) stays a Python bool.
-    layer = Layer if c.remat is Remat.NONE else nn.remat(Layer, static_argnums=(3,))
-    for i in range(c.num_layers):
-      x_BLH = layer(c, name=f"layer_{i}")(x_BLH, bias_B11L, deterministic)
+    if c.scan_layers:
+      x_BLH = layers.stack(functools.partial(Layer, c), x_BLH, length=c.num_layers,
+                           per_example=(bias_B11L,), kwargs={"deterministic": deterministic},
+                           mesh=self.mesh, microbatches=self.microbatches,
+                           remat_policy=None if c.remat is Remat.NONE
+                           else jax.checkpoint_policies.nothing_saveable)
+    else:
+      layer = Layer if c.remat is Remat.NONE else nn.remat(Layer, static_argnums=(3,))
+      for i in range(c.num_layers):
+        x_BLH = layer(c, name=f"layer_{i}")(x_BLH, bias_B11L, deterministic)
     return self._masked_lm(x_BLH, batch["masked_lm_positions"], word), self._next_sentence(x_BLH)
 
   def _masked_lm(self, x_BLH: jax.Array, positions_BP: jax.Array, word: nn.Embed) -> jax.Array:

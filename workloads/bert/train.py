@@ -11,7 +11,7 @@ import numpy as np
 import optax
 
 from mlbench.train import optim
-from mlbench.workload import EvalPart, Schedule, StepContext, WithMetadata
+from mlbench.workload import EvalPart, LayerStack, Schedule, StepContext, WithMetadata
 from workloads.bert import checkpoint
 from workloads.bert.config import BertConfig
 from workloads.bert.input_pipeline import feature_shapes
@@ -67,9 +67,8 @@ def _masked_lm(logits_BPV: jax.Array, batch: Any) -> tuple[jax.Array, jax.Array,
 def loss(cfg: BertConfig, ctx: StepContext, params: Any, state: Any, batch: Any,
          rng: jax.Array) -> tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]:
   """Masked-LM loss (mean over real predictions) plus next-sentence cross-entropy."""
-  del ctx
-  mlm_BPV, nsp_B2 = Bert(cfg.model).apply({"params": params}, batch, deterministic=False,
-                                          rngs={"dropout": rng})
+  mlm_BPV, nsp_B2 = Bert(cfg.model, ctx.mesh, ctx.microbatches).apply(
+      {"params": params}, batch, deterministic=False, rngs={"dropout": rng})
   nll, hits, weights = _masked_lm(mlm_BPV, batch)
   mlm_loss = nll.sum() / (weights.sum() + 1e-5)
   nsp_loss = optax.softmax_cross_entropy_with_integer_labels(
@@ -81,8 +80,9 @@ def loss(cfg: BertConfig, ctx: StepContext, params: Any, state: Any, batch: Any,
 def eval_step(cfg: BertConfig, ctx: StepContext, params: Any, state: Any,
               batch: Any) -> dict[str, jax.Array]:
   """Per example: masked-LM hits, weights and NLL, next-sentence hit."""
-  del ctx, state
-  mlm_BPV, nsp_B2 = Bert(cfg.model).apply({"params": params}, batch, deterministic=True)
+  del state
+  mlm_BPV, nsp_B2 = Bert(cfg.model, ctx.mesh, ctx.microbatches).apply(
+      {"params": params}, batch, deterministic=True)
   nll, hits, weights = _masked_lm(mlm_BPV, batch)
   nsp_hit = (jnp.argmax(nsp_B2, -1) == batch["next_sentence_labels"]).astype(jnp.float32)
   return {"mlm_hits": hits, "mlm_weights": weights, "mlm_nll": nll, "nsp_hits": nsp_hit}
@@ -147,6 +147,11 @@ def partition_rules(cfg: BertConfig) -> list[tuple[str, Any]]:
 
   del cfg
   return [*blocks.partition_rules(), (r"word_embeddings/embedding$", P("vocab", "embed"))]
+
+
+def layer_stack(cfg: BertConfig) -> LayerStack | None:
+  """Scanned encoder layers (`model.scan_layers`) are what pipeline stages split."""
+  return LayerStack("layers", cfg.model.num_layers) if cfg.model.scan_layers else None
 
 
 def flops_per_example(cfg: BertConfig) -> float:

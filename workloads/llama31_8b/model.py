@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mlbench.train import layers
 from workloads.llama31_8b.config import ModelConfig, Remat, RopeConfig
 
 
@@ -139,17 +140,20 @@ class Block(nn.Module):
     return x_BLH + SwiGlu(c, name="mlp")(norm(name="mlp_norm")(x_BLH))
 
 
-_POLICIES = {Remat.DOTS: jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-             Remat.FULL: None}
+_POLICIES = {Remat.NONE: None,
+             Remat.DOTS: jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+             Remat.FULL: jax.checkpoint_policies.nothing_saveable}
 
 
 class Llama(nn.Module):
   """`tokens_BL -> logits_BLV` (float32). With a mesh, the residual stream is kept split
   over `data` by batch, so parameters split over `data` (FSDP) are gathered, not the
-  activations re-split."""
+  activations re-split. Scanned layers are the harness's layer stack: a `stage` mesh
+  axis runs them as `microbatches` GPipe microbatches."""
 
   cfg: ModelConfig
   mesh: Any = None
+  microbatches: int = 1
 
   @nn.compact
   def __call__(self, tokens_BL: jax.Array) -> jax.Array:
@@ -158,11 +162,9 @@ class Llama(nn.Module):
                      name="embedding")(tokens_BL).astype(_dtype(c))
     cos_LD, sin_LD = (jnp.asarray(t) for t in rope_tables(c.rope, c.head_dim, tokens_BL.shape[1]))
     if c.scan_layers:
-      step = _ScanStep if c.remat is Remat.NONE else nn.remat(
-          _ScanStep, policy=_POLICIES[c.remat], prevent_cse=False)
-      x_BLH, _ = nn.scan(step, variable_axes={"params": 0}, split_rngs={"params": True},
-                         in_axes=nn.broadcast, length=c.num_layers)(
-                             c, self.mesh, name="layers")(x_BLH, (cos_LD, sin_LD))
+      x_BLH = layers.stack(functools.partial(Block, c), x_BLH, length=c.num_layers,
+                           shared=(cos_LD, sin_LD), mesh=self.mesh,
+                           microbatches=self.microbatches, remat_policy=_POLICIES[c.remat])
     else:
       block = Block if c.remat is Remat.NONE else nn.remat(Block, policy=_POLICIES[c.remat])
       for i in range(c.num_layers):
@@ -171,18 +173,6 @@ class Llama(nn.Module):
     logits_BLV = nn.Dense(c.vocab_size, use_bias=False, dtype=_dtype(c),
                           kernel_init=nn.initializers.normal(c.init_std), name="output")(x_BLH)
     return logits_BLV.astype(jnp.float32)
-
-
-
-class _ScanStep(nn.Module):
-  """One decoder layer as a scan body: (x, (cos, sin)) -> (x, None)."""
-
-  cfg: ModelConfig
-  mesh: Any = None
-
-  @nn.compact
-  def __call__(self, x_BLH: jax.Array, tables: tuple[jax.Array, jax.Array]):
-    return Block(self.cfg, name="layer")(_by_batch(self.mesh, x_BLH), *tables), None
 
 
 def _by_batch(mesh: Any, x_BLH: jax.Array) -> jax.Array:

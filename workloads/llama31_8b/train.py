@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from mlbench.train import optim
-from mlbench.workload import EvalPart, Schedule, StepContext
+from mlbench.workload import EvalPart, LayerStack, Schedule, StepContext
 from workloads.llama31_8b.config import DType, LlamaConfig
 from workloads.llama31_8b.input_pipeline import TOKENS
 from workloads.llama31_8b.model import Llama
@@ -48,7 +48,7 @@ def loss(cfg: LlamaConfig, ctx: StepContext, params: Any, state: Any, batch: Any
   eod_mask_loss off)."""
   del rng
   inputs, targets = _split(batch)
-  logits = Llama(cfg.model, ctx.mesh).apply({"params": params}, inputs)
+  logits = Llama(cfg.model, ctx.mesh, ctx.microbatches).apply({"params": params}, inputs)
   return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean(), (state, {})
 
 
@@ -57,7 +57,7 @@ def eval_step(cfg: LlamaConfig, ctx: StepContext, params: Any, state: Any,
   """Per sequence: the summed next-token NLL and the number of predicted tokens."""
   del state
   inputs, targets = _split(batch)
-  logits = Llama(cfg.model, ctx.mesh).apply({"params": params}, inputs)
+  logits = Llama(cfg.model, ctx.mesh, ctx.microbatches).apply({"params": params}, inputs)
   nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets).sum(-1)
   return {"nll": nll, "tokens": jnp.full(nll.shape, targets.shape[1], jnp.float32)}
 
@@ -124,20 +124,21 @@ def _mesh_size(ctx: StepContext, axis: str) -> int:
 def hparams(cfg: LlamaConfig, sched: Schedule, ctx: StepContext) -> dict[str, Any]:
   """The keys of closed_llama31_8b.yaml (6.0.0) and its optional precision and
   parallelism disclosure (common.yaml). micro_batch_size is sequences per data-parallel
-  replica per accumulation step, as the reference's MBS."""
+  replica per accumulation step (and per pipeline microbatch), as the reference's MBS."""
   o, precision = cfg.optimizer, PRECISION[cfg.model.dtype]
   replicas = _mesh_size(ctx, "data")
+  pipelined = ctx.microbatches if _mesh_size(ctx, "stage") > 1 else 1
   return {"max_sequence_length": cfg.data.seq_length,
           **optim.adamw_cosine_hparams(o),
           "lowest_numerical_precision_in_linear": precision,
           "lowest_numerical_precision_in_attn": precision,
           "lowest_numerical_precision_in_comm": precision,
           "tensor_parallelism": _mesh_size(ctx, "model"),
-          "pipeline_parallelism": 1,
+          "pipeline_parallelism": _mesh_size(ctx, "stage"),
           "context_parallelism": 1,
           "expert_parallelism": 1,
-          "micro_batch_size": max(1, sched.global_batch_size
-                                  // (replicas * sched.gradient_accumulation_steps)),
+          "micro_batch_size": max(1, sched.global_batch_size // (
+              replicas * sched.gradient_accumulation_steps * pipelined)),
           "config_filename": cfg.name}
 
 
@@ -145,16 +146,23 @@ def partition_rules(cfg: LlamaConfig) -> list[tuple[str, Any]]:
   """Megatron-style tensor parallelism (query, key/value heads and MLP units over `model`,
   the vocabulary of both embeddings too) and FSDP: every matrix's width axis over `data`
   (`fsdp`), so parameters and the optimizer state that mirrors them are split over all
-  devices. Norm scales are replicated."""
+  devices. Norm scales are replicated. The rules describe one layer: the harness adds
+  the scanned stack's layer axis (see `layer_stack`)."""
   from jax.sharding import PartitionSpec as P
 
-  layer = (None,) if cfg.model.scan_layers else ()  # the stacked layer axis stays whole
-  return [(r"attention/(query|key|value)/kernel$", P(*layer, "fsdp", "heads", "kv")),
-          (r"attention/output/kernel$", P(*layer, "heads", "kv", "fsdp")),
-          (r"mlp/(gate|up)/kernel$", P(*layer, "fsdp", "mlp")),
-          (r"mlp/down/kernel$", P(*layer, "mlp", "fsdp")),
+  del cfg
+  return [(r"attention/(query|key|value)/kernel$", P("fsdp", "heads", "kv")),
+          (r"attention/output/kernel$", P("heads", "kv", "fsdp")),
+          (r"mlp/(gate|up)/kernel$", P("fsdp", "mlp")),
+          (r"mlp/down/kernel$", P("mlp", "fsdp")),
           (r"embedding/embedding$", P("vocab", "fsdp")),
           (r"output/kernel$", P("fsdp", "vocab"))]
+
+
+def layer_stack(cfg: LlamaConfig) -> LayerStack | None:
+  """Scanned decoder layers (`model.scan_layers`, as the full config has them) are the
+  harness's layer stack, which a `stage` mesh axis splits into pipeline stages."""
+  return LayerStack("layers", cfg.model.num_layers) if cfg.model.scan_layers else None
 
 
 def flops_per_example(cfg: LlamaConfig) -> float:

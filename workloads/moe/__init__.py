@@ -30,4 +30,5 @@ WORKLOAD = Workload(
     hparams=lazy(f"{_TRAIN}:hparams"),
     partition_rules=lazy(f"{_TRAIN}:partition_rules"),
     flops_per_example=lazy(f"{_TRAIN}:flops_per_example"),
+    layer_stack=lazy(f"{_TRAIN}:layer_stack"),
 )

@@ -76,6 +76,9 @@ class ModelConfig:
   moe: MoeConfig = MoeConfig()
   dropout: float = 0.0
   dtype: DType = DType.BFLOAT16  # activations and matmuls; parameters and router stay float32
+  # Groups of `moe.every` layers as one scanned stack (parameters under `layers/layer/...`,
+  # stacked on a leading axis; num_layers a multiple of every): pipeline stages split it.
+  scan_layers: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -209,7 +209,11 @@ def moe_ffn(x_GSM: jax.Array, router_ME: jax.Array, wi_EMF: jax.Array, wo_EFM: j
     over the mean; 1 is perfect balance), over all groups.
   """
   e = router_ME.shape[-1]
-  if mesh is None or mesh.devices.size == 1:
+  context = jax.sharding.get_abstract_mesh()
+  # Inside a pipeline stage (`mlbench.train.pipeline`, the `stage` axis already manual)
+  # one program over the stage's devices, which GSPMD splits (nesting a second
+  # per-device program there is what JAX 0.10 cannot differentiate).
+  if mesh is None or mesh.devices.size == 1 or (not context.empty and context.manual_axes):
     return _local(x_GSM, router_ME, wi_EMF, wo_EFM, uniform_GS, k=k,
                   capacity_factor=capacity_factor, activation=activation, expert_axis=None,
                   reduce_axes=())

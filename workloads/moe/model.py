@@ -22,6 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from mlbench.train import layers
 from workloads.common import transformer as blocks
 from workloads.moe import layer
 from workloads.moe.config import ModelConfig, SecondExpert
@@ -92,13 +93,33 @@ class Block(nn.Module):
     return x_BLH + drop(h_BLH), stats
 
 
-class MoeLM(nn.Module):
-  """`tokens_BL -> (logits_BLV float32, stats)`; stats are the MoE layers' routing numbers
-  (`layer.moe_ffn`), averaged over the MoE layers."""
+class Group(nn.Module):
+  """`every` consecutive layers, the last one MoE: the repeated unit of scanned layers."""
 
   cfg: ModelConfig
   capacity_factor: float
   mesh: Any = None
+
+  @nn.compact
+  def __call__(self, x_BLH: jax.Array, bias_11LL: jax.Array, deterministic: bool
+               ) -> tuple[jax.Array, Stats]:
+    every = self.cfg.moe.every
+    for j in range(every):
+      x_BLH, stats = Block(self.cfg, j == every - 1, self.capacity_factor, self.mesh,
+                           name=f"layer_{j}")(x_BLH, bias_11LL, deterministic)
+    return x_BLH, stats
+
+
+class MoeLM(nn.Module):
+  """`tokens_BL -> (logits_BLV float32, stats)`; stats are the MoE layers' routing numbers
+  (`layer.moe_ffn`), averaged over the MoE layers. Scanned layers (`scan_layers`: groups
+  of `moe.every` layers) are the harness's layer stack, which a `stage` mesh axis runs
+  as `microbatches` GPipe microbatches (their stats averaged over the microbatches)."""
+
+  cfg: ModelConfig
+  capacity_factor: float
+  mesh: Any = None
+  microbatches: int = 1
 
   @nn.compact
   def __call__(self, tokens_BL: jax.Array, deterministic: bool = True
@@ -114,16 +135,24 @@ class MoeLM(nn.Module):
     x_BLH = self._split_tokens(nn.Dropout(c.dropout)(x_BLH, deterministic=deterministic)
                                .astype(_dtype(c)))
     bias_11LL = blocks.causal_bias(length)
-    per_layer: list[Stats] = []
-    for i in range(c.num_layers):
-      x_BLH, stats = Block(c, is_moe_layer(c, i), self.capacity_factor, self.mesh,
-                           name=f"layer_{i}")(x_BLH, bias_11LL, deterministic)
-      if stats is not None:
-        per_layer.append(stats)
+    if c.scan_layers:
+      groups = c.num_layers // c.moe.every
+      x_BLH, summed = layers.stack(
+          functools.partial(Group, c, self.capacity_factor, self.mesh), x_BLH, length=groups,
+          shared=(bias_11LL,), kwargs={"deterministic": deterministic}, has_aux=True,
+          mesh=self.mesh, microbatches=self.microbatches, rngs=("dropout", "gating"))
+      stats = {k: v / groups for k, v in summed.items()}
+    else:
+      per_layer: list[Stats] = []
+      for i in range(c.num_layers):
+        x_BLH, layer_stats = Block(c, is_moe_layer(c, i), self.capacity_factor, self.mesh,
+                                   name=f"layer_{i}")(x_BLH, bias_11LL, deterministic)
+        if layer_stats is not None:
+          per_layer.append(layer_stats)
+      n = len(per_layer)
+      stats = {k: sum(s[k] for s in per_layer) / n for k in per_layer[0]} if n else {}
     x_BLH = nn.LayerNorm(name="output_layer_norm")(x_BLH.astype(jnp.float32))
-    logits_BLV = embed.attend(x_BLH)
-    n = len(per_layer)
-    return logits_BLV, {k: sum(s[k] for s in per_layer) / n for k in per_layer[0]} if n else {}
+    return embed.attend(x_BLH), stats
 
   def _split_tokens(self, x_BLH: jax.Array) -> jax.Array:
     """With an `expert` mesh axis, the batch is split over data x expert from here on."""

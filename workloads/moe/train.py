@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import optax
 
 from mlbench.train import optim
-from mlbench.workload import EvalPart, Schedule, StepContext
+from mlbench.errors import UserError
+from mlbench.workload import EvalPart, LayerStack, Schedule, StepContext
 from workloads.common import transformer as blocks
 from workloads.moe.config import DType, MoeLMConfig
 from workloads.moe.input_pipeline import TOKENS
@@ -51,7 +52,7 @@ def loss(cfg: MoeLMConfig, ctx: StepContext, params: Any, state: Any, batch: Any
   and router z-losses. Reports the routing statistics as train metrics."""
   m = cfg.model.moe
   inputs, targets = _split(batch)
-  model = MoeLM(cfg.model, m.capacity_factor, ctx.mesh)
+  model = MoeLM(cfg.model, m.capacity_factor, ctx.mesh, ctx.microbatches)
   dropout, gating = jax.random.split(rng)
   logits, stats = model.apply({"params": params}, inputs, deterministic=False,
                               rngs={"dropout": dropout, "gating": gating})
@@ -68,7 +69,7 @@ def eval_step(cfg: MoeLMConfig, ctx: StepContext, params: Any, state: Any,
   """Per sequence: the summed next-token NLL and the number of predicted tokens."""
   del state
   inputs, targets = _split(batch)
-  model = MoeLM(cfg.model, cfg.model.moe.eval_capacity_factor, ctx.mesh)
+  model = MoeLM(cfg.model, cfg.model.moe.eval_capacity_factor, ctx.mesh, ctx.microbatches)
   logits, _ = model.apply({"params": params}, inputs, deterministic=True)
   nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets).sum(-1)
   return {"nll": nll, "tokens": jnp.full(nll.shape, targets.shape[1], jnp.float32)}
@@ -109,10 +110,11 @@ def hparams(cfg: MoeLMConfig, sched: Schedule, ctx: StepContext) -> dict[str, An
           "lowest_numerical_precision_in_attn": precision,
           "lowest_numerical_precision_in_comm": precision,
           "tensor_parallelism": _mesh_size(ctx, "model"),
-          "pipeline_parallelism": 1,
+          "pipeline_parallelism": _mesh_size(ctx, "stage"),
           "context_parallelism": 1,
           "expert_parallelism": _mesh_size(ctx, "expert"),
-          "micro_batch_size": max(1, sched.global_batch_size // replicas),
+          "micro_batch_size": max(1, sched.global_batch_size // (
+              replicas * (ctx.microbatches if _mesh_size(ctx, "stage") > 1 else 1))),
           "config_filename": cfg.name}
 
 
@@ -126,6 +128,17 @@ def partition_rules(cfg: MoeLMConfig) -> list[tuple[str, Any]]:
   return [*blocks.partition_rules(),
           (r"moe/(intermediate|output)$", P("expert")),
           (r"token_embeddings/embedding$", P("vocab", "embed"))]
+
+
+def layer_stack(cfg: MoeLMConfig) -> LayerStack | None:
+  """Scanned groups of `moe.every` layers (`model.scan_layers`): what stages split."""
+  m = cfg.model
+  if not m.scan_layers:
+    return None
+  if m.num_layers % m.moe.every:
+    raise UserError(f"model.scan_layers needs model.num_layers ({m.num_layers}) to be a "
+                    f"multiple of model.moe.every ({m.moe.every})")
+  return LayerStack("layers", m.num_layers // m.moe.every)
 
 
 def flops_per_example(cfg: MoeLMConfig) -> float:

@@ -27,4 +27,5 @@ WORKLOAD = Workload(
     hparams=lazy(f"{_TRAIN}:hparams"),
     partition_rules=lazy(f"{_TRAIN}:partition_rules"),
     flops_per_example=lazy(f"{_TRAIN}:flops_per_example"),
+    spatial_inputs=("image",),  # `--mesh data=N,spatial=M` splits every image by height
 )

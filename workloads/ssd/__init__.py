@@ -31,6 +31,7 @@ WORKLOAD = Workload(
     hparams=lazy(f"{_TRAIN}:hparams"),
     partition_rules=lazy(f"{_TRAIN}:partition_rules"),
     flops_per_example=lazy(f"{_TRAIN}:flops_per_example"),
+    spatial_inputs=("image",),  # `--mesh data=N,spatial=M` splits every image by height
     # The `ssd` key is RetinaNet from MLPerf 1.1 on; this is the SSD-ResNet-34 of 0.7.0.
     rulesets=("0.7.0",),
     # The backbone starts from torchvision's ImageNet ResNet-34 (mlcommons/training aa344c7f
