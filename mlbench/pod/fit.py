@@ -1,0 +1,130 @@
+"""Fitting the time model's constants on the calibration set, and judging them.
+
+Least squares on log(predicted / measured) time to train, over the runs of the
+set (one row per system and benchmark), with the constants held in physical
+bounds. Leave-one-out: each run predicted by constants fitted on all the
+others; the spread of those ratios is the uncertainty `check` states.
+
+    python -m mlbench.pod.fit [--write]   # --write: into accelerators.yaml (time_model)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import math
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from mlbench import accelerators
+from mlbench.pod import calibration, costs, timemodel
+from mlbench.pod.timemodel import Constants
+
+# (lower, upper) of each constant, in Constants.NAMES order.
+BOUNDS = ((0.05, 1.0), (0.0, 1.0), (0.0, 0.02), (0.0, 60.0), (0.0, 20.0))
+START = (0.5, 0.5, 1e-3, 5.0, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  case: calibration.Case
+  measured: calibration.Measured
+  inputs: timemodel.Inputs
+
+
+def rows(cases: tuple[calibration.Case, ...], root: Path) -> tuple[list[Row], list[str]]:
+  """The rows of the cases whose logs are here; the reasons the others are left out."""
+  records = costs.load()
+  out, skipped = [], []
+  for case in cases:
+    try:
+      m = calibration.measured(case, root)
+      out.append(Row(case, m, calibration.inputs(case, m, records)))
+    except (FileNotFoundError, KeyError) as e:
+      skipped.append(f"{case.name}: {e}")
+  return out, skipped
+
+
+def _residuals(values: Any, rs: list[Row]) -> list[float]:
+  c = Constants(*values)
+  return [math.log(timemodel.predict(r.inputs, c).total_s / r.measured.run_s) for r in rs]
+
+
+def fit(rs: list[Row], start: Constants | None = None) -> Constants:
+  """The constants that minimise the squared log ratios over `rs`."""
+  from scipy.optimize import least_squares
+
+  lo, hi = zip(*BOUNDS)
+  x0 = start.to_list() if start else list(START)
+  best = least_squares(_residuals, x0, bounds=(lo, hi), args=(rs,), x_scale="jac")
+  return Constants(*(float(v) for v in best.x))
+
+
+def leave_one_out(rs: list[Row], full: Constants) -> list[float]:
+  """Predicted / measured of each row under constants fitted without it."""
+  out = []
+  for i, r in enumerate(rs):
+    c = fit(rs[:i] + rs[i + 1:], start=full)
+    out.append(timemodel.predict(r.inputs, c).total_s / r.measured.run_s)
+  return out
+
+
+def spread(ratios: list[float]) -> dict[str, float]:
+  """The uncertainty: the RMS of log ratios as a factor, and the worst ratio either way."""
+  logs = [math.log(x) for x in ratios]
+  return {"factor_1sigma": round(math.exp(math.sqrt(statistics.fmean(v * v for v in logs))), 3),
+          "worst": round(math.exp(max(abs(v) for v in logs)), 3), "runs": len(ratios)}
+
+
+def write(platform: str, c: Constants, loo: dict[str, float], n: int,
+          path: Path | None = None) -> None:
+  """Stores the constants and their provenance in accelerators.yaml (`time_model`)."""
+  path = path or Path(accelerators.__file__).with_name("accelerators.yaml")
+  text = path.read_text()
+  head = text.split("\ntime_model:\n", 1)[0].rstrip("\n") + "\n"
+  doc = accelerators._document().get("time_model") or {}
+  doc = {k: v for k, v in doc.items() if k != platform}
+  doc[platform] = {**{k: float(f"{v:.4g}") for k, v in zip(Constants.NAMES, c.to_list())},
+                   "fitted_on": f"{n} published runs (mlbench/pod/calibration.py CASES)",
+                   "fitted": datetime.date.today().isoformat(),
+                   "command": "python -m mlbench.pod.fit --write",
+                   "leave_one_out": loo}
+  lines = ["", "time_model:"]
+  for name in sorted(doc):
+    lines.append(f"  {name}:")
+    for k, v in doc[name].items():
+      lines.append(f"    {k}: {_yaml(v)}")
+  tmp = path.with_suffix(".tmp")
+  tmp.write_text(head + "\n".join(lines) + "\n")
+  tmp.replace(path)
+
+
+def _yaml(v: Any) -> str:
+  if isinstance(v, dict):
+    return "{" + ", ".join(f"{k}: {_yaml(x)}" for k, x in v.items()) + "}"
+  if isinstance(v, str):
+    return '"' + re.sub(r'"', "'", v) + '"'
+  return repr(v)
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--results", type=Path, default=calibration.default_root())
+  ap.add_argument("--write", action="store_true", help="store the TPU constants")
+  args = ap.parse_args()
+  rs, skipped = rows(tuple(c for c in calibration.CASES if not c.held_out), args.results)
+  for s in skipped:
+    print(f"left out: {s}", file=sys.stderr)
+  c = fit(rs)
+  loo = leave_one_out(rs, c)
+  print(c, spread(loo))
+  if args.write:
+    write("tpu", c, spread(loo), len(rs))
+
+
+if __name__ == "__main__":
+  main()
