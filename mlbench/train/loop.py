@@ -23,7 +23,8 @@ import jax
 import numpy as np
 
 from mlbench.train import data, evaluate, goodput, mesh as mesh_lib, mfu, runtime as runtime_lib
-from mlbench.train import signals, steps
+from mlbench.train import signals, steps, telemetry
+from mlbench.train.telemetry import Telemetry
 from mlbench.train.clock import Clock
 from mlbench.train.checkpoint import RunSaver
 from mlbench.mllog import MLLog
@@ -55,6 +56,8 @@ class RunResult:
   goodput: goodput.Goodput | None = None
   checkpoint_saves: list[tuple[int, float]] = dataclasses.field(default_factory=list)
   log: Path | None = None
+  train_cost: dict[str, float] = dataclasses.field(default_factory=dict)  # XLA's, per device
+  tensorboard_dir: Path | None = None  # scalars and traces (process 0)
 
   @property
   def samples_per_s(self) -> float:
@@ -72,13 +75,15 @@ class RunResult:
 
 
 def run_once(plan: Plan, seed: int, log: MLLog, progress: RunProgress,
-             saver: RunSaver | None = None) -> RunResult:
+             saver: RunSaver | None = None, tele: Telemetry | None = None) -> RunResult:
   """One complete time-to-quality run, logged to `log`.
 
   With `saver` (see mlbench.train.checkpoint via the runner), the run saves
-  checkpoints, or continues from one when `saver.resuming`.
+  checkpoints, or continues from one when `saver.resuming`; with `tele`, it writes
+  TensorBoard scalars and traces the profile window (see telemetry).
   """
-  clock, result = Clock(), RunResult(seed=seed)
+  clock, result, tele = Clock(), RunResult(seed=seed), tele or telemetry.disabled()
+  result.tensorboard_dir = tele.logdir if tele.writes else None
   mfu.prepare(plan, result, progress)  # Untimed: before the clock's first mark.
   if saver is not None and saver.resuming:
     saver.continue_clock(clock, result)  # The log so far is already in `log`.
@@ -92,6 +97,7 @@ def run_once(plan: Plan, seed: int, log: MLLog, progress: RunProgress,
   programs = steps.compile_programs(plan.workload, plan.cfg, plan.schedule, plan.mesh, plan.ctx,
                                     plan.tx, weight_update_sharding=plan.rc.weight_update_sharding)
   result.opt_state_bytes = programs.opt_state_bytes
+  result.train_cost = _cost(programs.train)
   start, sums = 0, None
   if saver is not None and saver.resuming:
     state, start, sums = saver.restore(plan, programs, clock, log)
@@ -105,7 +111,7 @@ def run_once(plan: Plan, seed: int, log: MLLog, progress: RunProgress,
   if saver is not None:
     saver.start(clock, result, log)
   _train_and_evaluate(plan, programs, state, seed, log, clock, progress, result,
-                      start=start, sums=sums, saver=saver)
+                      start=start, sums=sums, saver=saver, tele=tele)
   result.time_to_train_s = clock.between("run_start", "run_stop")
   result.goodput = goodput.measure(clock, result)
   result.train_s, result.eval_s = clock.segments["train"], clock.segments["eval"]
@@ -126,13 +132,15 @@ def _log_setup(plan: Plan, seed: int, log: MLLog) -> None:
 
 def _train_and_evaluate(plan: Plan, programs: steps.Programs, state: Any, seed: int, log: MLLog,
                         clock: Clock, progress: RunProgress, result: RunResult, *,
-                        start: int = 0, sums: Any = None, saver: RunSaver | None = None) -> None:
+                        start: int = 0, sums: Any = None, saver: RunSaver | None = None,
+                        tele: Telemetry | None = None) -> None:
   """Blocks of training and evaluations until the target or the budget; logs run_stop.
 
   run_stop is logged here, while the input pipelines are still alive: tearing
   them down is not part of the run. A resumed run starts at step `start`
   (inside a block whose block_start is already logged) with that block's `sums`.
   """
+  tele = tele or telemetry.disabled()
   train_batches = _train_iterator(plan, programs, seed, skip=start)
   eval_ds = _eval_dataset(plan, seed)
   step, block_first, first_epoch = start, 0, 1
@@ -145,10 +153,12 @@ def _train_and_evaluate(plan: Plan, programs: steps.Programs, state: Any, seed: 
                       time_ms=clock.mark("block_start"))
     state, sums, waited = _train_block(programs, state, train_batches, point.step - step,
                                        plan.gbs, progress, sync=plan.runtime.simulated_pod,
-                                       first_step=step, sums=sums, saver=saver)
-    clock.add("train", clock.since("block_start", state))
+                                       first_step=step, sums=sums, saver=saver, tele=tele)
+    block_s = clock.since("block_start", state)
+    clock.add("train", block_s)
     result.input_wait_s += waited
     result.train_metrics = _mean_metrics(sums, point.step - block_first)
+    tele.block(point.step, result.train_metrics, (point.step - step) * plan.gbs, block_s, waited)
     sums = None
     step, block_first = point.step, point.step
     result.samples, result.epoch = point.samples, point.epoch
@@ -158,6 +168,7 @@ def _train_and_evaluate(plan: Plan, programs: steps.Programs, state: Any, seed: 
       break
     value = _evaluate(plan, programs, state, eval_ds, point, log, clock)
     result.evals.append((point.epoch, value))
+    tele.evaluated(point.step, plan.rule.quality.key, value)
     log.block_stop(first_epoch, point.samples, time_ms=clock.mark("block_stop"))
     progress.evaluated(point.epoch, plan.rule.quality.key, value, clock.since("run_start"),
                        result.samples / clock.segments["train"])
@@ -172,13 +183,15 @@ def _train_and_evaluate(plan: Plan, programs: steps.Programs, state: Any, seed: 
 
 def _train_block(programs: steps.Programs, state: Any, batches: Any, n: int, gbs: int,
                  progress: RunProgress, *, sync: bool = False, first_step: int = 0,
-                 sums: Any = None, saver: RunSaver | None = None) -> tuple[Any, Any, float]:
+                 sums: Any = None, saver: RunSaver | None = None,
+                 tele: Telemetry | None = None) -> tuple[Any, Any, float]:
   """`n` train steps; with `sync`, each waits for the last (see Runtime.simulated_pod).
 
   After each step: the saver's turn (a checkpoint every N steps), then a stop
   requested by a signal is honoured, with the state consistent.
   """
   sums, waited = programs.fresh_sums() if sums is None else sums, 0.0
+  tele = tele or telemetry.disabled()
   # Implicit host<->device transfers in the hot loop are bugs (a stray numpy
   # array, a float() on a device value); make them fail instead of stall.
   with jax.transfer_guard("disallow"):
@@ -186,7 +199,9 @@ def _train_block(programs: steps.Programs, state: Any, batches: Any, n: int, gbs
       t0 = time.perf_counter()
       _, device_batch = next(batches)
       waited += time.perf_counter() - t0
+      tele.before_step(first_step + i)
       state, sums = programs.train(state, sums, device_batch)
+      tele.after_step(first_step + i, state)
       if sync:
         jax.block_until_ready(state)
       progress.advance(gbs)
@@ -194,6 +209,16 @@ def _train_block(programs: steps.Programs, state: Any, batches: Any, n: int, gbs
         saver.after_step(first_step + i + 1, state, sums)
       signals.check()
   return state, sums, waited
+
+
+def _cost(compiled: Any) -> dict[str, float]:
+  """XLA's per-device FLOPs and HBM bytes of a compiled step (empty where not counted)."""
+  try:
+    cost = compiled.cost_analysis()
+  except Exception:  # Not every backend implements cost analysis.
+    return {}
+  cost = (cost[0] if cost else {}) if isinstance(cost, list) else (cost or {})
+  return {k: float(cost[k]) for k in ("flops", "bytes accessed") if k in cost}
 
 
 def _mean_metrics(sums: dict[str, Any], n: int) -> dict[str, float]:
