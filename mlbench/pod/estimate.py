@@ -108,3 +108,29 @@ def inputs(acc: accelerators.Accelerator, p: Plan) -> timemodel.Inputs:
       model_flops_per_step=p.model_flops_per_step,
       input_cpu_s_per_example=timemodel.INPUT_CPU_S.get(p.workload, 0.0),
       host_cores_per_device=acc.host_cores_per_chip / acc.devices_per_chip)
+
+
+def run_step(acc: accelerators.Accelerator, plan: Any, result: Any
+             ) -> tuple[float, timemodel.Terms] | None:
+  """(measured step seconds, predicted terms) of a finished run on an accelerator, from
+  the compiled train step's counts the run kept; None where there is nothing to compare.
+  On GPUs XLA's count misses the cuBLAS/cuDNN calls: the analytic model FLOPs stand in
+  where they are larger."""
+  from mlbench.train import steps as steps_lib
+
+  cost, gbs = result.train_cost, plan.gbs
+  done = result.samples / gbs if gbs else 0
+  if not cost or done < 1 or result.goodput is None:
+    return None
+  devices = len(plan.runtime.devices)
+  model_flops = result.flops_per_example * gbs
+  other = math.prod(v for k, v in plan.mesh.shape.items() if k != "data") or 1
+  grad = 4.0 * steps_lib.count_params(plan.workload, plan.cfg) / other
+  p = Plan(workload=plan.workload.name, devices=devices, mesh=dict(plan.mesh.shape),
+           global_batch=gbs,
+           train=StepCost(max(cost.get("flops", 0.0), model_flops / devices),
+                          cost.get("bytes accessed", 0.0)),
+           eval_batch=StepCost(0.0, 0.0), eval_batches=0, grad_bytes_per_device=grad,
+           model_collective_bytes=None, model_flops_per_step=model_flops, steps=0, evals=0)
+  consts, _ = constants(acc.platform)
+  return result.goodput.productive_s / done, timemodel.predict(inputs(acc, p), consts)

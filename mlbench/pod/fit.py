@@ -64,11 +64,35 @@ def fit(rs: list[Row], start: Constants | None = None) -> Constants:
   return Constants(*(float(v) for v in best.x))
 
 
-def leave_one_out(rs: list[Row], full: Constants) -> list[float]:
-  """Predicted / measured of each row under constants fitted without it."""
+def fit_some(rs: list[Row], base: Constants, names: tuple[str, ...]) -> Constants:
+  """Only the constants `names` fitted on `rs`, the others kept from `base` (a few runs
+  of another platform can fit one constant, not five)."""
+  from scipy.optimize import least_squares
+
+  idx = [Constants.NAMES.index(n) for n in names]
+  full = base.to_list()
+
+  def residuals(values: Any) -> list[float]:
+    for i, v in zip(idx, values):
+      full[i] = float(v)
+    return _residuals(full, rs)
+
+  lo, hi = zip(*(BOUNDS[i] for i in idx))
+  best = least_squares(residuals, [base.to_list()[i] for i in idx], bounds=(lo, hi))
+  values = base.to_list()
+  for i, v in zip(idx, best.x):
+    values[i] = float(v)
+  return Constants(*values)
+
+
+def leave_one_out(rs: list[Row], full: Constants, names: tuple[str, ...] | None = None
+                  ) -> list[float]:
+  """Predicted / measured of each row under constants fitted without it (all of them, or
+  only `names` with the others kept from `full`)."""
   out = []
   for i, r in enumerate(rs):
-    c = fit(rs[:i] + rs[i + 1:], start=full)
+    rest = rs[:i] + rs[i + 1:]
+    c = fit(rest, start=full) if names is None else fit_some(rest, full, names)
     out.append(timemodel.predict(r.inputs, c).total_s / r.measured.run_s)
   return out
 
@@ -81,7 +105,7 @@ def spread(ratios: list[float]) -> dict[str, float]:
 
 
 def write(platform: str, c: Constants, loo: dict[str, float], n: int,
-          path: Path | None = None) -> None:
+          path: Path | None = None, note: str = "") -> None:
   """Stores the constants and their provenance in accelerators.yaml (`time_model`)."""
   path = path or Path(accelerators.__file__).with_name("accelerators.yaml")
   text = path.read_text()
@@ -92,7 +116,9 @@ def write(platform: str, c: Constants, loo: dict[str, float], n: int,
                    "fitted_on": f"{n} published runs (mlbench/pod/calibration.py CASES)",
                    "fitted": datetime.date.today().isoformat(),
                    "command": "python -m mlbench.pod.fit --write",
-                   "leave_one_out": loo}
+                   "leave_one_out": loo, **({"note": note} if note else {})}
+  accelerators._document.cache_clear()
+  accelerators.table.cache_clear()
   lines = ["", "time_model:"]
   for name in sorted(doc):
     lines.append(f"  {name}:")
@@ -111,19 +137,51 @@ def _yaml(v: Any) -> str:
   return repr(v)
 
 
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+  """The fit of each platform, its leave-one-out ratios, and the held-out runs."""
+
+  tpu: list[Row]
+  tpu_constants: Constants
+  tpu_loo: list[float]
+  held_out: list[Row]
+  gpu: list[Row]
+  gpu_constants: Constants
+  gpu_loo: list[float]
+  left_out: list[str]
+
+  GPU_FITTED = ("eta",)
+
+
+def calibrate(root: Path) -> Calibration:
+  """Fits the TPU constants on the calibration set, and the GPU efficiency (one constant,
+  the rest the TPU's) on the H100 runs; leave-one-out for both."""
+  tpu, left = rows(tuple(c for c in calibration.CASES if not c.held_out), root)
+  held, left_h = rows(tuple(c for c in calibration.CASES if c.held_out), root)
+  gpu, left_g = rows(calibration.GPU_CASES, root)
+  c = fit(tpu)
+  g = fit_some(gpu, c, Calibration.GPU_FITTED) if gpu else c
+  return Calibration(tpu=tpu, tpu_constants=c, tpu_loo=leave_one_out(tpu, c), held_out=held,
+                     gpu=gpu, gpu_constants=g,
+                     gpu_loo=leave_one_out(gpu, g, Calibration.GPU_FITTED) if gpu else [],
+                     left_out=left + left_h + left_g)
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--results", type=Path, default=calibration.default_root())
-  ap.add_argument("--write", action="store_true", help="store the TPU constants")
+  ap.add_argument("--write", action="store_true", help="store the constants")
   args = ap.parse_args()
-  rs, skipped = rows(tuple(c for c in calibration.CASES if not c.held_out), args.results)
-  for s in skipped:
+  cal = calibrate(args.results)
+  for s in cal.left_out:
     print(f"left out: {s}", file=sys.stderr)
-  c = fit(rs)
-  loo = leave_one_out(rs, c)
-  print(c, spread(loo))
+  print("tpu", cal.tpu_constants, spread(cal.tpu_loo))
+  print("gpu", cal.gpu_constants, spread(cal.gpu_loo) if cal.gpu_loo else "-")
   if args.write:
-    write("tpu", c, spread(loo), len(rs))
+    write("tpu", cal.tpu_constants, spread(cal.tpu_loo), len(cal.tpu))
+    if cal.gpu:
+      write("gpu", cal.gpu_constants, spread(cal.gpu_loo), len(cal.gpu),
+            note="eta fitted on the H100 runs (GPU_CASES), the other constants the TPU fit's")
 
 
 if __name__ == "__main__":
