@@ -5,7 +5,7 @@ JAX and TF) and TPU-v4 (8, 64 and 256 chips, TF), v2.0 TPU-v4 (3,456 and 4,096
 chips). Each run's time to train (median over its successful result logs) is
 predicted from mlbench's own full config compiled for the run's per-device
 batch (`costs`), the run's slice (`collectives`), and the steps and evaluations
-its logs record (`runlog`), by the model of `timemodel`; the five constants of
+its logs record (`runlog`), by the model of `timemodel`; the six constants of
 that model are the ones fitted here (least squares on log time), and each run is
 also predicted by the constants fitted on all the others (leave-one-out).
 

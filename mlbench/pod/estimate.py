@@ -18,7 +18,8 @@ from mlbench.pod import collectives, timemodel
 from mlbench.pod.timemodel import Constants, StepCost
 
 # Used where no constants are fitted for a platform (see accelerators.yaml, time_model).
-UNFITTED = Constants(eta=0.5, kappa=0.5, step_overhead_s=1e-3, warmup_s=5.0, eval_overhead_s=1.0)
+UNFITTED = Constants(eta=0.5, hbm=1.0, kappa=0.5, step_overhead_s=1e-3, warmup_s=5.0,
+                     eval_overhead_s=1.0)
 
 
 def constants(platform: str) -> tuple[Constants, dict[str, Any]]:

@@ -25,8 +25,8 @@ from mlbench.pod import calibration, costs, timemodel
 from mlbench.pod.timemodel import Constants
 
 # (lower, upper) of each constant, in Constants.NAMES order.
-BOUNDS = ((0.05, 1.0), (0.0, 1.0), (0.0, 0.02), (0.0, 60.0), (0.0, 20.0))
-START = (0.5, 0.5, 1e-3, 5.0, 1.0)
+BOUNDS = ((0.05, 1.0), (0.1, 3.0), (0.0, 1.0), (0.0, 0.02), (0.0, 60.0), (0.0, 20.0))
+START = (0.5, 1.0, 0.5, 1e-3, 5.0, 1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +66,7 @@ def fit(rs: list[Row], start: Constants | None = None) -> Constants:
 
 def fit_some(rs: list[Row], base: Constants, names: tuple[str, ...]) -> Constants:
   """Only the constants `names` fitted on `rs`, the others kept from `base` (a few runs
-  of another platform can fit one constant, not five)."""
+  of another platform can fit one constant, not six)."""
   from scipy.optimize import least_squares
 
   idx = [Constants.NAMES.index(n) for n in names]

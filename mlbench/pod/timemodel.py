@@ -4,9 +4,12 @@
                   + steps x (device step + exposed collectives + host/dispatch overhead)
                   + evaluations x (eval program x eval batches + per-evaluation overhead)
 
-- device step: the roofline of the compiled train step per device (its FLOPs at
-  the chip's peak, its HBM bytes at the HBM bandwidth; the larger), over the
-  fitted efficiency `eta` (no real step reaches the roofline);
+- device step: the roofline of the compiled train step per device, the larger of
+  its FLOPs at the chip's peak over the fitted efficiency `eta` (no real step
+  reaches the peak) and its HBM bytes at the HBM bandwidth over the fitted
+  factor `hbm` (XLA's `bytes accessed` counts every fusion's operands, some of
+  which stay in on-chip memory: the fit finds real steps about this much faster
+  than the count at the published bandwidth);
 - collectives: the data-parallel gradient all-reduce and the model/expert-axis
   collectives, timed on the slice's torus (`collectives`), of which the fitted
   fraction `kappa` is not hidden behind compute;
@@ -19,7 +22,7 @@
   (host-side metrics, the switch between programs);
 - warm-up `w0`: the first block's extra time (program load, input start-up).
 
-The five constants live in accelerators.yaml (`time_model`), fitted by
+The six constants live in accelerators.yaml (`time_model`), fitted by
 `mlbench.pod.calibration` on the published TPU runs.
 """
 
@@ -42,13 +45,14 @@ INPUT_CPU_S = {"resnet50": 2.7e-3, "ssd": 5.0e-3, "bert": 5e-5, "transformer": 5
 class Constants:
   """The fitted efficiency constants of the time model."""
 
-  eta: float             # achieved fraction of the roofline (train and eval programs)
+  eta: float             # achieved fraction of the peak FLOP/s (train and eval programs)
+  hbm: float             # XLA's HBM bytes over this factor of the bandwidth
   kappa: float           # fraction of collective time not overlapped with compute
   step_overhead_s: float  # h: host and dispatch overhead per step
   warmup_s: float        # w0: the first block's extra time
   eval_overhead_s: float  # e0: per evaluation, beyond its programs
 
-  NAMES = ("eta", "kappa", "step_overhead_s", "warmup_s", "eval_overhead_s")
+  NAMES = ("eta", "hbm", "kappa", "step_overhead_s", "warmup_s", "eval_overhead_s")
 
   @classmethod
   def from_dict(cls, raw: dict[str, Any]) -> Constants:
@@ -65,8 +69,10 @@ class StepCost:
   flops: float
   hbm_bytes: float
 
-  def roofline_s(self, peak_flops_per_s: float, hbm_bytes_per_s: float) -> float:
-    return max(self.flops / peak_flops_per_s, self.hbm_bytes / hbm_bytes_per_s)
+  def roofline_s(self, peak_flops_per_s: float, hbm_bytes_per_s: float, eta: float = 1.0,
+                 hbm: float = 1.0) -> float:
+    """The larger of compute and HBM time, at `eta` of the peak and `hbm` x the bandwidth."""
+    return max(self.flops / (peak_flops_per_s * eta), self.hbm_bytes / (hbm_bytes_per_s * hbm))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,22 +125,19 @@ class Terms:
   def input_bound(self) -> bool:
     return self.input_step_s > self.device_step_s + self.collective_s + self.overhead_s
 
-  @property
-  def samples_per_s_factor(self) -> float:
-    return 1.0 / self.step_s
 
 
 def predict(x: Inputs, c: Constants) -> Terms:
   """Every term of the time to train of one run under constants `c`."""
-  device = x.train.roofline_s(x.peak_flops_per_s, x.hbm_bytes_per_s) / c.eta
+  device = x.train.roofline_s(x.peak_flops_per_s, x.hbm_bytes_per_s, c.eta, c.hbm)
   collective = c.kappa * x.collective_s
   per_device_batch = x.global_batch / x.devices
   cores = x.host_cores_per_device
   input_s = per_device_batch * x.input_cpu_s_per_example / cores if cores > 0 else 0.0
-  step = max(device + collective + c.step_overhead_s, input_s)
-  eval_each = (x.eval_batches * x.eval_batch_cost.roofline_s(x.peak_flops_per_s,
-                                                             x.hbm_bytes_per_s) / c.eta
-               + c.eval_overhead_s)
+  # No step is faster than its collectives alone or than its hosts can feed it.
+  step = max(device + collective + c.step_overhead_s, x.collective_s, input_s)
+  eval_each = (x.eval_batches * x.eval_batch_cost.roofline_s(
+      x.peak_flops_per_s, x.hbm_bytes_per_s, c.eta, c.hbm) + c.eval_overhead_s)
   mfu = x.model_flops_per_step / (step * x.devices * x.peak_flops_per_s)
   return Terms(device_step_s=device, collective_s=collective, overhead_s=c.step_overhead_s,
                input_step_s=input_s, step_s=step, steps=x.steps, warmup_s=c.warmup_s,

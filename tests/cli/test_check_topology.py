@@ -57,7 +57,11 @@ def _assert_memory_and_prediction(report):
   assert report["fits"] is True
   pred = report["prediction"]
   assert 0 < pred["mfu"] < 1 and pred["samples_per_s"] > 0 and pred["time_to_train_s"] > 0
-  assert pred["step_s"] >= pred["roofline"]["bound_s"] > 0
+  # The time to train is its printed terms, and no step beats the chip's peak FLOP/s.
+  terms = pred["terms"]
+  assert pred["time_to_train_s"] == pytest.approx(
+      terms["warmup_s"] + terms["steps"] * terms["step_s"] + terms["evals"] * terms["eval_each_s"])
+  assert pred["step_s"] == terms["step_s"] >= pred["roofline"]["compute_s"] > 0
 
 
 @pytest.mark.slow

@@ -76,7 +76,7 @@ def _inputs(**kw) -> timemodel.Inputs:
 
 
 def test_the_time_to_train_is_the_sum_of_its_printed_terms():
-  c = timemodel.Constants(eta=0.5, kappa=0.5, step_overhead_s=1e-3, warmup_s=7.0,
+  c = timemodel.Constants(eta=0.5, hbm=1.0, kappa=0.5, step_overhead_s=1e-3, warmup_s=7.0,
                           eval_overhead_s=0.5)
   t = timemodel.predict(_inputs(), c)
   assert t.device_step_s == pytest.approx(0.010 / 0.5)  # compute-bound: 1e12 / 1e14
@@ -95,7 +95,7 @@ def test_the_fit_recovers_known_constants_and_leave_one_out_predicts_each_run():
                      calibration.default_root())
   if len(rows) < 8:
     pytest.skip("the published logs (shared/mlperf-results) are not beside this checkout")
-  true = timemodel.Constants(eta=0.4, kappa=0.3, step_overhead_s=2e-3, warmup_s=3.0,
+  true = timemodel.Constants(eta=0.4, hbm=1.3, kappa=0.3, step_overhead_s=2e-3, warmup_s=3.0,
                              eval_overhead_s=0.4)
   fake = [dataclasses.replace(r, measured=dataclasses.replace(
       r.measured, run_s=timemodel.predict(r.inputs, true).total_s)) for r in rows[:8]]
