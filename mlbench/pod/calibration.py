@@ -100,10 +100,11 @@ def default_root() -> Path:
 
 
 def _affine(points: dict[float, float], x: float) -> float:
-  """The straight line through two (or the value of one) measured points, at x."""
+  """The straight line through two measured points at x; from one point, proportional to
+  x (exact for FLOPs, an overestimate of the HBM bytes of larger batches)."""
   (x0, y0), *rest = sorted(points.items())
   if not rest:
-    return y0
+    return y0 * x / x0 if x0 else y0
   x1, y1 = rest[-1]
   return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
@@ -142,6 +143,21 @@ def _params(records: list[dict[str, Any]], workload: str) -> float:
   by_depth = {(r["depth"] or 0): float(r["params"]) for r in records}
   full = costs.FULL_DEPTH.get(workload)
   return _affine(by_depth, full) if full and len(by_depth) > 1 else next(iter(by_depth.values()))
+
+
+def _split(cost: dict[str, float], model: int) -> dict[str, float]:
+  """A device's share of FLOPs, bytes and parameters with `model`-way model parallelism."""
+  return {k: v / model for k, v in cost.items()}
+
+
+def _megatron_all_reduces(cfg: Any, examples: float) -> tuple[int, float]:
+  """(all-reduces, bytes) of a step of the Transformer with its matmuls split over a
+  model axis as Megatron-LM does: one all-reduce of the activations after each
+  attention and MLP sublayer forward, one of their input gradients backward
+  (encoder layers have 2 sublayers, decoder layers 3), in bfloat16."""
+  m = cfg.model
+  ops = 2 * (2 * m.encoder_layers + 3 * m.decoder_layers)
+  return ops, ops * examples * cfg.data.max_length * m.width * 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,17 +200,20 @@ def inputs(case: Case, m: Measured, records: dict[str, dict[str, Any]]) -> timem
   workload = WORKLOAD[case.benchmark]
   data_devices = devices // case.model
   per_device = m.global_batch / data_devices
-  train = device_cost(records, workload, per_device, case.model, "train")
+  # With m-way model parallelism a device does 1/m of a data shard's work (compiled
+  # data-parallel figures at the shard's batch, split m ways).
+  train = _split(device_cost(records, workload, per_device, 1, "train"), case.model)
   n_eval, eval_b = timemodel.eval_split(m.eval_examples, data_devices,
                                         max(1, math.ceil(per_device)))
-  evaluation = device_cost(records, workload, eval_b, case.model, "eval")
-  torus = estimate.torus_of(acc, case.grid, case.slices)
-  grad_bytes = 4.0 * train["params"] / case.model  # float32 gradients per chip
+  evaluation = _split(device_cost(records, workload, eval_b, 1, "eval"), case.model)
+  torus = estimate.data_torus(estimate.torus_of(acc, case.grid, case.slices), case.model)
+  grad_bytes = 4.0 * train["params"]  # float32 gradients of the chip's parameters
   coll = collectives.all_reduce_s(grad_bytes, torus, estimate.link(acc))
-  if case.model > 1:  # the model axis: along the first dimension, a line of `model` chips
-    coll += collectives.group_s("all-reduce", train["coll"], case.model, estimate.link(acc))
   wl = registry.get(workload)
   cfg = wl.configs["full"]()
+  if case.model > 1:  # the model axis: a line of `model` chips along the first dimension
+    ops, nbytes = _megatron_all_reduces(cfg, per_device)
+    coll += collectives.group_s("all-reduce", nbytes, case.model, estimate.link(acc), ops=ops)
   return timemodel.Inputs(
       devices=devices, global_batch=m.global_batch,
       peak_flops_per_s=acc.device_peak_flops_per_s, hbm_bytes_per_s=acc.device_hbm_bytes_per_s,

@@ -95,9 +95,13 @@ def dcn_all_reduce_s(nbytes: float, slices: int, link: Link) -> float:
               + (slices - 1) / slices * nbytes / link.dcn_bytes_per_s)
 
 
-def group_s(op: str, nbytes: float, k: int, link: Link, wrap: bool = False) -> float:
-  """A collective among a group of k neighbouring chips (a model- or expert-parallel
-  axis laid along one dimension); `nbytes` is the op's result per chip."""
+def group_s(op: str, nbytes: float, k: int, link: Link, wrap: bool = False, ops: int = 1
+            ) -> float:
+  """`ops` collectives among a group of k neighbouring chips (a model- or expert-parallel
+  axis laid along one dimension), `nbytes` of results per chip in all."""
+  if ops > 1:
+    return (ops - 1) * (k - 1) * link.hop_latency_s * (2 if op == "all-reduce" else 1) \
+        + group_s(op, nbytes, k, link, wrap)
   if op == "all-reduce":
     return 2 * ring_phase_s(nbytes, k, wrap, link)
   if op == "reduce-scatter":

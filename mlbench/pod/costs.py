@@ -60,7 +60,6 @@ VARIANTS = (
     Variant("bert", 2, depth=2), Variant("bert", 2, depth=4), Variant("bert", 16, depth=2),
     Variant("transformer", 4, depth=1), Variant("transformer", 4, depth=2),
     Variant("transformer", 32, depth=1),
-    Variant("transformer", 1, model=4, depth=1), Variant("transformer", 1, model=4, depth=2),
 )
 
 

@@ -136,3 +136,46 @@ def test_every_tpu_generation_has_an_interconnect_for_the_model():
   v4 = accelerators.table()["tpu_v4"]
   assert calibration.estimate.torus_of(v4, (4, 4, 4)).wrap == (True,) * 3
   assert math.isclose(float(v4.ici["link_bytes_per_s"]) * 6, v4.interconnect_bytes_per_s)
+
+
+def test_the_module_proto_gives_the_collectives_the_text_gives():
+  """On a real TPU program (compiled for a v4 slice, no TPU): protobuf alone reads the
+  same collectives from the HLO module proto as the printed text shows."""
+  pytest.importorskip("libtpu")
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+  from mlbench.pod import hlo, topology
+
+  devices = topology.devices(topology.parse("v4-8"))
+  mesh = Mesh(np.array(devices), ("data",))
+
+  def step(w, x):
+    return w - jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+
+  w = jax.ShapeDtypeStruct((256, 256), jnp.float32, sharding=NamedSharding(mesh, P()))
+  x = jax.ShapeDtypeStruct((64, 256), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+  with jax.default_device(jax.devices("cpu")[0]):
+    compiled = jax.jit(step).lower(w, x).compile()
+  from_text = hlo.collectives(compiled.as_text(), devices=4)
+  proto = compiled.runtime_executable().hlo_modules()[0].as_serialized_hlo_module_proto()
+  from_proto = hlo.collectives_from_proto(proto, devices=4)
+  assert from_text.count["all-reduce"] >= 1
+  assert from_proto.count == from_text.count
+  assert from_proto.result_bytes == from_text.result_bytes
+  assert from_proto.by_group == from_text.by_group == {4: 256 * 256 * 4}
+
+
+def test_xla_messages_on_descriptor_2_are_captured():
+  import os
+
+  from mlbench.pod import quiet
+
+  with quiet.captured() as noise:
+    os.write(2, b"E1125 21:15:59.654682 7669 status_macros.cc:58] INTERNAL: RET_CHECK failure "
+                b"(hlo_instruction.cc:390) async-update instruction should have 1 operands\n"
+                b"*** Begin stack trace ***\n")
+  assert "Begin stack trace" in noise.text
+  assert noise.first_error().startswith("INTERNAL: RET_CHECK failure")
