@@ -79,7 +79,8 @@ def main() -> None:
     print(f"left out: {why}")
   c = cal.tpu_constants
   print("fitted TPU constants: " + ", ".join(
-      f"{k} = {v:.4g}" for k, v in zip(timemodel.Constants.NAMES, c.to_list())))
+      f"{k} = {v:.4g}" for k, v in zip(timemodel.Constants.NAMES, c.to_list()))
+        + "; eta by accelerator: " + ", ".join(f"{k} {v:.4g}" for k, v in c.eta_by))
   fitted = _table(f"Calibration set ({len(cal.tpu)} runs; fitted on all of them)", cal.tpu, c,
                   cal.tpu_loo)
   _summary("calibration, constants fitted on all", fitted)
@@ -87,8 +88,8 @@ def main() -> None:
   _summary("held out (v0.6, :::MLL logs)",
            _table("Held out: v0.6 TPU-v3 runs (never fitted)", cal.held_out, c, None))
   g = cal.gpu_constants
-  title = (f"H100 runs (v4.0): eta = {g.eta:.3g} fitted on them (leave-one-out column), the "
-           "other constants the TPU fit's")
+  title = (f"H100 runs (v4.0): eta = {g.eta_for('h100'):.3g} fitted on them (leave-one-out "
+           "column: fitted on the others), the other constants the TPU fit's")
   _summary("H100 (v4.0)", _table(title, cal.gpu, g, cal.gpu_loo))
   _summary("H100 (v4.0), leave-one-out", cal.gpu_loo)
 

@@ -108,7 +108,8 @@ def inputs(acc: accelerators.Accelerator, p: Plan) -> timemodel.Inputs:
       eval_batch_cost=p.eval_batch, eval_batches=p.eval_batches,
       model_flops_per_step=p.model_flops_per_step,
       input_cpu_s_per_example=timemodel.INPUT_CPU_S.get(p.workload, 0.0),
-      host_cores_per_device=acc.host_cores_per_chip / acc.devices_per_chip)
+      host_cores_per_device=acc.host_cores_per_chip / acc.devices_per_chip,
+      accelerator=acc.name)
 
 
 def run_step(acc: accelerators.Accelerator, plan: Any, result: Any

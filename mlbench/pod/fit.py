@@ -49,50 +49,48 @@ def rows(cases: tuple[calibration.Case, ...], root: Path) -> tuple[list[Row], li
   return out, skipped
 
 
-def _residuals(values: Any, rs: list[Row]) -> list[float]:
-  c = Constants(*values)
+def _accelerators(rs: list[Row]) -> list[str]:
+  return sorted({r.inputs.accelerator for r in rs})
+
+
+def _constants(values: Any, accs: list[str], base: Constants) -> Constants:
+  """Constants from a parameter vector: one eta per accelerator, then the others (those
+  not in the vector are `base`'s)."""
+  etas = [float(v) for v in values[:len(accs)]]
+  rest = [float(v) for v in values[len(accs):]]
+  others = dict(zip(Constants.NAMES[1:], rest or base.to_list()[1:]))
+  by = {**dict(base.eta_by), **dict(zip(accs, etas))}
+  eta = math.exp(statistics.fmean(math.log(v) for v in by.values())) if by else base.eta
+  return Constants(eta=eta, **others, eta_by=tuple(sorted(by.items())))
+
+
+def _residuals(values: Any, rs: list[Row], accs: list[str], base: Constants) -> list[float]:
+  c = _constants(values, accs, base)
   return [math.log(timemodel.predict(r.inputs, c).total_s / r.measured.run_s) for r in rs]
 
 
-def fit(rs: list[Row], start: Constants | None = None) -> Constants:
-  """The constants that minimise the squared log ratios over `rs`."""
+def fit(rs: list[Row], start: Constants | None = None, only_eta: bool = False) -> Constants:
+  """The constants that minimise the squared log ratios over `rs`: an eta for each
+  accelerator among them and, unless `only_eta`, the others (else `start`'s)."""
   from scipy.optimize import least_squares
 
-  lo, hi = zip(*BOUNDS)
-  x0 = start.to_list() if start else list(START)
-  best = least_squares(_residuals, x0, bounds=(lo, hi), args=(rs,), x_scale="jac")
-  return Constants(*(float(v) for v in best.x))
+  base = start or Constants(*START)
+  accs = _accelerators(rs)
+  x0 = [base.eta_for(a) for a in accs] + ([] if only_eta else base.to_list()[1:])
+  bounds = [BOUNDS[0]] * len(accs) + ([] if only_eta else list(BOUNDS[1:]))
+  lo, hi = zip(*bounds)
+  x0 = [min(max(v, lo_), hi_) for v, lo_, hi_ in zip(x0, lo, hi)]
+  best = least_squares(_residuals, x0, bounds=(lo, hi), args=(rs, accs, base), x_scale="jac")
+  return _constants(best.x, accs, base)
 
 
-def fit_some(rs: list[Row], base: Constants, names: tuple[str, ...]) -> Constants:
-  """Only the constants `names` fitted on `rs`, the others kept from `base` (a few runs
-  of another platform can fit one constant, not six)."""
-  from scipy.optimize import least_squares
-
-  idx = [Constants.NAMES.index(n) for n in names]
-  full = base.to_list()
-
-  def residuals(values: Any) -> list[float]:
-    for i, v in zip(idx, values):
-      full[i] = float(v)
-    return _residuals(full, rs)
-
-  lo, hi = zip(*(BOUNDS[i] for i in idx))
-  best = least_squares(residuals, [base.to_list()[i] for i in idx], bounds=(lo, hi))
-  values = base.to_list()
-  for i, v in zip(idx, best.x):
-    values[i] = float(v)
-  return Constants(*values)
-
-
-def leave_one_out(rs: list[Row], full: Constants, names: tuple[str, ...] | None = None
-                  ) -> list[float]:
+def leave_one_out(rs: list[Row], full: Constants, only_eta: bool = False) -> list[float]:
   """Predicted / measured of each row under constants fitted without it (all of them, or
-  only `names` with the others kept from `full`)."""
+  only the accelerators' efficiencies, the others kept from `full`)."""
   out = []
   for i, r in enumerate(rs):
     rest = rs[:i] + rs[i + 1:]
-    c = fit(rest, start=full) if names is None else fit_some(rest, full, names)
+    c = fit(rest, start=full, only_eta=only_eta)
     out.append(timemodel.predict(r.inputs, c).total_s / r.measured.run_s)
   return out
 
@@ -113,6 +111,7 @@ def write(platform: str, c: Constants, loo: dict[str, float], n: int,
   doc = accelerators._document().get("time_model") or {}
   doc = {k: v for k, v in doc.items() if k != platform}
   doc[platform] = {**{k: float(f"{v:.4g}") for k, v in zip(Constants.NAMES, c.to_list())},
+                   "eta_by": {k: float(f"{v:.4g}") for k, v in c.eta_by},
                    "fitted_on": f"{n} published runs (mlbench/pod/calibration.py CASES)",
                    "fitted": datetime.date.today().isoformat(),
                    "command": "python -m mlbench.pod.fit --write",
@@ -150,20 +149,20 @@ class Calibration:
   gpu_loo: list[float]
   left_out: list[str]
 
-  GPU_FITTED = ("eta",)
 
 
 def calibrate(root: Path) -> Calibration:
   """Fits the TPU constants on the calibration set, and the GPU efficiency (one constant,
-  the rest the TPU's) on the H100 runs; leave-one-out for both."""
+  the rest the TPU's: four runs cannot fit seven) on the H100 runs; leave-one-out for
+  both."""
   tpu, left = rows(tuple(c for c in calibration.CASES if not c.held_out), root)
   held, left_h = rows(tuple(c for c in calibration.CASES if c.held_out), root)
   gpu, left_g = rows(calibration.GPU_CASES, root)
   c = fit(tpu)
-  g = fit_some(gpu, c, Calibration.GPU_FITTED) if gpu else c
+  g = fit(gpu, start=c, only_eta=True) if gpu else c
   return Calibration(tpu=tpu, tpu_constants=c, tpu_loo=leave_one_out(tpu, c), held_out=held,
                      gpu=gpu, gpu_constants=g,
-                     gpu_loo=leave_one_out(gpu, g, Calibration.GPU_FITTED) if gpu else [],
+                     gpu_loo=leave_one_out(gpu, g, only_eta=True) if gpu else [],
                      left_out=left + left_h + left_g)
 
 
@@ -181,7 +180,7 @@ def main() -> None:
     write("tpu", cal.tpu_constants, spread(cal.tpu_loo), len(cal.tpu))
     if cal.gpu:
       write("gpu", cal.gpu_constants, spread(cal.gpu_loo), len(cal.gpu),
-            note="eta fitted on the H100 runs (GPU_CASES), the other constants the TPU fit's")
+            note="the h100 eta fitted on the H100 runs (GPU_CASES), the others the TPU fit's")
 
 
 if __name__ == "__main__":

@@ -51,15 +51,23 @@ class Constants:
   step_overhead_s: float  # h: host and dispatch overhead per step
   warmup_s: float        # w0: the first block's extra time
   eval_overhead_s: float  # e0: per evaluation, beyond its programs
+  # `eta` of each accelerator the fit saw (chips differ: TPU v4's megacore reaches a
+  # smaller share of its peak than v3's cores); `eta` itself, their geometric mean,
+  # stands for the others.
+  eta_by: tuple[tuple[str, float], ...] = ()
 
   NAMES = ("eta", "hbm", "kappa", "step_overhead_s", "warmup_s", "eval_overhead_s")
 
   @classmethod
   def from_dict(cls, raw: dict[str, Any]) -> Constants:
-    return cls(**{k: float(raw[k]) for k in cls.NAMES})
+    by = tuple(sorted((str(k), float(v)) for k, v in (raw.get("eta_by") or {}).items()))
+    return cls(**{k: float(raw[k]) for k in cls.NAMES}, eta_by=by)
 
   def to_list(self) -> list[float]:
     return [getattr(self, k) for k in self.NAMES]
+
+  def eta_for(self, accelerator: str) -> float:
+    return dict(self.eta_by).get(accelerator, self.eta)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +100,7 @@ class Inputs:
   model_flops_per_step: float    # analytic (for MFU)
   input_cpu_s_per_example: float = 0.0
   host_cores_per_device: float = 0.0
+  accelerator: str = ""          # accelerators.yaml key (its own fitted efficiency)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +138,8 @@ class Terms:
 
 def predict(x: Inputs, c: Constants) -> Terms:
   """Every term of the time to train of one run under constants `c`."""
-  device = x.train.roofline_s(x.peak_flops_per_s, x.hbm_bytes_per_s, c.eta, c.hbm)
+  eta = c.eta_for(x.accelerator)
+  device = x.train.roofline_s(x.peak_flops_per_s, x.hbm_bytes_per_s, eta, c.hbm)
   collective = c.kappa * x.collective_s
   per_device_batch = x.global_batch / x.devices
   cores = x.host_cores_per_device
@@ -137,7 +147,7 @@ def predict(x: Inputs, c: Constants) -> Terms:
   # No step is faster than its collectives alone or than its hosts can feed it.
   step = max(device + collective + c.step_overhead_s, x.collective_s, input_s)
   eval_each = (x.eval_batches * x.eval_batch_cost.roofline_s(
-      x.peak_flops_per_s, x.hbm_bytes_per_s, c.eta, c.hbm) + c.eval_overhead_s)
+      x.peak_flops_per_s, x.hbm_bytes_per_s, eta, c.hbm) + c.eval_overhead_s)
   mfu = x.model_flops_per_step / (step * x.devices * x.peak_flops_per_s)
   return Terms(device_step_s=device, collective_s=collective, overhead_s=c.step_overhead_s,
                input_step_s=input_s, step_s=step, steps=x.steps, warmup_s=c.warmup_s,
