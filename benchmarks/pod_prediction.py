@@ -92,6 +92,10 @@ def main() -> None:
            "column: fitted on the others), the other constants the TPU fit's")
   _summary("H100 (v4.0)", _table(title, cal.gpu, g, cal.gpu_loo))
   _summary("H100 (v4.0), leave-one-out", cal.gpu_loo)
+  if cal.not_fitted:
+    why = "; ".join(sorted({r.case.not_fitted for r in cal.not_fitted}))
+    _summary("H100, not fitted", _table(f"H100 runs predicted, not fitted on ({why})",
+                                        cal.not_fitted, g, None))
 
 
 if __name__ == "__main__":

@@ -148,6 +148,7 @@ class Calibration:
   gpu_constants: Constants
   gpu_loo: list[float]
   left_out: list[str]
+  not_fitted: list[Row]
 
 
 
@@ -159,11 +160,13 @@ def calibrate(root: Path) -> Calibration:
   held, left_h = rows(tuple(c for c in calibration.CASES if c.held_out), root)
   gpu, left_g = rows(calibration.GPU_CASES, root)
   c = fit(tpu)
-  g = fit(gpu, start=c, only_eta=True) if gpu else c
+  fitted = [r for r in gpu if not r.case.not_fitted]
+  g = fit(fitted, start=c, only_eta=True) if fitted else c
   return Calibration(tpu=tpu, tpu_constants=c, tpu_loo=leave_one_out(tpu, c), held_out=held,
-                     gpu=gpu, gpu_constants=g,
-                     gpu_loo=leave_one_out(gpu, g, only_eta=True) if gpu else [],
-                     left_out=left + left_h + left_g)
+                     gpu=fitted, gpu_constants=g,
+                     gpu_loo=leave_one_out(fitted, g, only_eta=True) if fitted else [],
+                     left_out=left + left_h + left_g,
+                     not_fitted=[r for r in gpu if r.case.not_fitted])
 
 
 def main() -> None:

@@ -181,3 +181,29 @@ def test_xla_messages_on_descriptor_2_are_captured():
                 b"*** Begin stack trace ***\n")
   assert "Begin stack trace" in noise.text
   assert noise.first_error().startswith("INTERNAL: RET_CHECK failure")
+
+
+def test_a_train_step_without_readable_collectives_still_gets_mfu_and_a_prediction():
+  """What check does when XLA can print neither the program nor its proto: MFU from
+  the analytic FLOPs, the gradient all-reduce from the slice's torus, a time to train."""
+  pytest.importorskip("libtpu")
+  from mlbench.config import RunConfig
+  from mlbench.pod import check, topology
+  from mlbench.train.plan import make_plan
+
+  slice_ = topology.parse("v4-128")
+  runtime = topology.runtime(slice_)
+  rc = RunConfig(workload="bert", config="full", mesh=(("data", 16), ("model", 4)))
+  rc, _ = check.fit_eval_batch(rc, len(runtime.devices))
+  plan = make_plan(rc, runtime, machine=topology.machine(slice_, runtime.devices))
+  unknown = dict(name="train step", flops=None, argument_bytes=0, output_bytes=0, alias_bytes=0,
+                 temp_bytes=0, code_bytes=0, collectives={}, bytes_accessed=None,
+                 hlo_readable=False, collective_source="unknown", xla_error="RET_CHECK ...")
+  reports = (check.ProgramReport(**unknown), check.ProgramReport(**{**unknown, "name": "eval"}))
+  model_flops = 6.1e12 * plan.gbs
+  p = check._predict(plan, slice_.accelerator, reports, grad_bytes=1.4e9 / 2,
+                     model_flops=model_flops, convergence=predict.Convergence(3e6, "test"))
+  assert p.terms is not None and p.time_to_train_s == pytest.approx(p.terms.total_s)
+  assert p.mfu == pytest.approx(model_flops / (p.step_s * 64 * 275e12))
+  assert p.roofline.collective_s > 0  # the gradient all-reduce over the data axis's chips
+  assert not p.collectives_known  # the model axis's are not in the terms, and check says so
