@@ -161,12 +161,19 @@ def calibrate(root: Path) -> Calibration:
   gpu, left_g = rows(calibration.GPU_CASES, root)
   c = fit(tpu)
   fitted = [r for r in gpu if not r.case.not_fitted]
-  g = fit(fitted, start=c, only_eta=True) if fitted else c
+  g = _gpu(fit(fitted, start=c, only_eta=True)) if fitted else c
   return Calibration(tpu=tpu, tpu_constants=c, tpu_loo=leave_one_out(tpu, c), held_out=held,
                      gpu=fitted, gpu_constants=g,
                      gpu_loo=leave_one_out(fitted, g, only_eta=True) if fitted else [],
                      left_out=left + left_h + left_g,
                      not_fitted=[r for r in gpu if r.case.not_fitted])
+
+
+def _gpu(c: Constants) -> Constants:
+  """The GPU constants: the H100's fitted efficiency for the H100 and the H200 (the same
+  GH100 tensor cores) and for GPUs not fitted; no TPU entries."""
+  h100 = c.eta_for("h100")
+  return dataclasses.replace(c, eta=h100, eta_by=(("h100", h100), ("h200", h100)))
 
 
 def main() -> None:
