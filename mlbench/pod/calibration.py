@@ -134,6 +134,10 @@ def device_cost(records: dict[str, dict[str, Any]], workload: str, batch: float,
     raise KeyError(f"{workload} is compiled at one depth only; the full depth needs two (run "
                    "python -m mlbench.pod.costs)")
   shallow = [r for r in mine if (r["depth"] or 0) == depths[0]]
+  batches = sorted({r["batch"] for r in shallow})
+  if len(batches) == 1 and not batches[0] / 4 <= batch <= batches[0] * 4:
+    raise KeyError(f"{workload} is compiled at per-device batch {batches[0]} only; {batch:g} is "
+                   "too far from it to scale (python -m mlbench.pod.costs adds the second batch)")
   out = {}
   for name, get in fields.items():
     # The shallowest depth at every compiled batch gives the line in the batch ...

@@ -103,22 +103,25 @@ def spread(ratios: list[float]) -> dict[str, float]:
 
 
 def write(platform: str, c: Constants, loo: dict[str, float], n: int,
-          path: Path | None = None, note: str = "") -> None:
+          path: Path | None = None, note: str = "", cases: str = "CASES") -> None:
   """Stores the constants and their provenance in accelerators.yaml (`time_model`)."""
   path = path or Path(accelerators.__file__).with_name("accelerators.yaml")
   text = path.read_text()
-  head = text.split("\ntime_model:\n", 1)[0].rstrip("\n") + "\n"
+  head = text.split("\ntime_model:\n", 1)[0].split("\n# The pod time model's", 1)[0]
+  head = head.rstrip("\n") + "\n"
   doc = accelerators._document().get("time_model") or {}
   doc = {k: v for k, v in doc.items() if k != platform}
   doc[platform] = {**{k: float(f"{v:.4g}") for k, v in zip(Constants.NAMES, c.to_list())},
                    "eta_by": {k: float(f"{v:.4g}") for k, v in c.eta_by},
-                   "fitted_on": f"{n} published runs (mlbench/pod/calibration.py CASES)",
+                   "fitted_on": f"{n} published runs (mlbench/pod/calibration.py {cases})",
                    "fitted": datetime.date.today().isoformat(),
                    "command": "python -m mlbench.pod.fit --write",
                    "leave_one_out": loo, **({"note": note} if note else {})}
   accelerators._document.cache_clear()
   accelerators.table.cache_clear()
-  lines = ["", "time_model:"]
+  lines = ["", "# The pod time model's constants (mlbench/pod/timemodel.py), fitted on published",
+           "# runs by the command each names; leave_one_out: the spread check states.",
+           "time_model:"]
   for name in sorted(doc):
     lines.append(f"  {name}:")
     for k, v in doc[name].items():
@@ -189,7 +192,7 @@ def main() -> None:
   if args.write:
     write("tpu", cal.tpu_constants, spread(cal.tpu_loo), len(cal.tpu))
     if cal.gpu:
-      write("gpu", cal.gpu_constants, spread(cal.gpu_loo), len(cal.gpu),
+      write("gpu", cal.gpu_constants, spread(cal.gpu_loo), len(cal.gpu), cases="GPU_CASES",
             note="the h100 eta fitted on the H100 runs (GPU_CASES), the others the TPU fit's")
 
 
