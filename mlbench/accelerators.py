@@ -31,6 +31,8 @@ class Accelerator:
   hbm_bytes_per_s: float
   interconnect_bytes_per_s: float
   source: str
+  host_cores_per_chip: float = 0.0
+  ici: dict[str, Any] = dataclasses.field(default_factory=dict)  # see accelerators.yaml
 
   @property
   def device_peak_flops_per_s(self) -> float:
@@ -55,10 +57,20 @@ class Accelerator:
 
 
 @functools.cache
+def _document() -> dict[str, Any]:
+  return yaml.safe_load(resources.files("mlbench").joinpath("accelerators.yaml").read_text())
+
+
+@functools.cache
 def table() -> dict[str, Accelerator]:
   """Every accelerator in accelerators.yaml, by name."""
-  text = resources.files("mlbench").joinpath("accelerators.yaml").read_text()
-  return {name: _entry(name, raw) for name, raw in yaml.safe_load(text).items()}
+  return {name: _entry(name, raw) for name, raw in _document().items() if name != "time_model"}
+
+
+def time_model(platform: str) -> dict[str, Any]:
+  """The fitted constants of the pod time model for a platform ('tpu', 'gpu') and their
+  provenance (accelerators.yaml, `time_model`); empty where none were fitted."""
+  return dict((_document().get("time_model") or {}).get(platform) or {})
 
 
 def _entry(name: str, raw: dict[str, Any]) -> Accelerator:
@@ -68,7 +80,9 @@ def _entry(name: str, raw: dict[str, Any]) -> Accelerator:
                      peak_bf16_flops_per_s=float(raw["peak_bf16_flops_per_s"]),
                      hbm_bytes=int(raw["hbm_bytes"]), hbm_bytes_per_s=float(raw["hbm_bytes_per_s"]),
                      interconnect_bytes_per_s=float(raw["interconnect_bytes_per_s"]),
-                     source=str(raw["source"]))
+                     source=str(raw["source"]),
+                     host_cores_per_chip=float(raw.get("host_cores_per_chip", 0)),
+                     ici=dict(raw.get("ici") or {}))
 
 
 def for_device_kind(device_kind: str) -> Accelerator | None:

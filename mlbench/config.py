@@ -145,6 +145,7 @@ class RunConfig:
     precision: float32 or bfloat16 for the model's matmuls and activations (the
       config's `model.dtype`); None: bfloat16 for full configs on TPUs and GPUs,
       the config's own elsewhere.
+    profile: (first step, steps) to trace with jax.profiler into the run folder.
   """
 
   workload: str
@@ -172,6 +173,7 @@ class RunConfig:
   resume: Path | None = None
   precision: str | None = None
   compile_cache: Path | None = dataclasses.field(default_factory=compile_cache_dir)
+  profile: tuple[int, int] | None = None
 
 
 PRECISIONS = ("float32", "bfloat16")

@@ -48,11 +48,13 @@ def check_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...]
     raise click.UsageError("--topology and --cpu-devices exclude each other")
   rc = RunConfig(workload=workload, config=config_name, overrides=tuple(overrides),
                  cpu_devices=cpu_devices, **scaling_config(scaling))
-  plan = _topology_plan(rc, topology) if topology else _local_plan(rc)
+  plan, note = _topology_plan(rc, topology) if topology else _local_plan(rc)
   report = check.dry_run(plan, topology=topology, convergence=_convergence(plan, from_log))
   axes = parallel.report(plan, report)  # the spatial and stage axes, where the mesh has them
   console = output.console()
   _print(report, console)
+  if note:
+    console.print(note, highlight=False)
   for line in parallel.lines(axes, readable=report.programs[0].hlo_readable) if axes else ():
     console.print(line, highlight=False)
   console.print(compile_cache.stats().summary(), highlight=False)
@@ -63,18 +65,20 @@ def check_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...]
 
 
 def _local_plan(rc: RunConfig):
+  from mlbench.pod import check
   from mlbench.train import runtime as runtime_lib
   from mlbench.train.plan import make_plan
 
   runtime = runtime_lib.setup(cpu_devices=rc.cpu_devices, distributed=runtime_lib.Distributed(
       rc.coordinator, rc.num_processes, rc.process_id), compile_cache=rc.compile_cache)
-  return make_plan(rc, runtime)
+  rc, note = check.fit_eval_batch(rc, len(runtime.devices))
+  return make_plan(rc, runtime), note
 
 
 def _topology_plan(rc: RunConfig, name: str):
   import jax
 
-  from mlbench.pod import topology
+  from mlbench.pod import check, topology
   from mlbench.train import compile_cache
   from mlbench.train.plan import make_plan
 
@@ -86,7 +90,8 @@ def _topology_plan(rc: RunConfig, name: str):
   # must be constructed with a Client to call DeserializeLoadedExecutable"), a warning each.
   compile_cache.configure(None)
   runtime = topology.runtime(slice_)
-  return make_plan(rc, runtime, machine=topology.machine(slice_, runtime.devices))
+  rc, note = check.fit_eval_batch(rc, len(runtime.devices))
+  return make_plan(rc, runtime, machine=topology.machine(slice_, runtime.devices)), note
 
 
 def _convergence(plan, from_log: Path | None):
@@ -131,11 +136,7 @@ def _print(report, console) -> None:
   console.print("train step matmul/conv inputs: " + ", ".join(
       f"{k} {v}" for k, v in sorted(train.matmul_input_dtypes.items())) + "; parameters: " +
       ", ".join(f"{k} {v}" for k, v in sorted(report.param_dtypes.items())), highlight=False)
-  unreadable = [p.name for p in report.programs if not p.hlo_readable]
-  if unreadable:
-    console.print(f"[yellow]XLA could not print the compiled {', '.join(unreadable)}[/]: "
-                  "collectives and matmul dtypes unknown, no step-time prediction",
-                  highlight=False)
+  _print_unreadable(report, console)
   if report.hbm_bytes_per_device:
     _print_fit(report, console)
   if report.prediction is not None:
@@ -160,17 +161,47 @@ def _print_fit(report, console) -> None:
                   "or a smaller per-chip batch", highlight=False)
 
 
+def _print_unreadable(report, console) -> None:
+  """One line per program XLA could not print: what was read instead, what is unknown."""
+  for p in report.programs:
+    if p.collective_source == "HLO text":
+      continue
+    what = ("collectives read from its HLO module proto; matmul dtypes unknown"
+            if p.hlo_readable else "collectives and matmul dtypes unknown")
+    console.print(f"[yellow]XLA could not print the compiled {p.name}[/] ({p.xla_error}): "
+                  f"{what}", highlight=False)
+
+
+def _ms(s: float) -> str:
+  return f"{s * 1e3:,.2f} ms"
+
+
 def _print_prediction(p, console) -> None:
-  r = p.roofline
-  xla = "-" if p.xla_step_s is None else f"{p.xla_step_s * 1e3:,.2f} ms"
+  r, t = p.roofline, p.terms
+  xla = "-" if p.xla_step_s is None else _ms(p.xla_step_s)
   console.print(
-      f"step time: XLA's estimate {xla}; roofline compute {r.compute_s * 1e3:,.2f} ms, HBM "
-      f"{r.hbm_s * 1e3:,.2f} ms, interconnect {r.collective_s * 1e3:,.2f} ms ({r.limit}-bound)",
-      highlight=False)
-  ttt = "-" if p.time_to_train_s is None else f"{p.time_to_train_s / 60:,.1f} min"
-  steps = "-" if p.steps_to_converge is None else f"{p.steps_to_converge:,.0f}"
+      f"step time bounds: compute {_ms(r.compute_s)}, HBM {_ms(r.hbm_s)}, collectives on the "
+      f"topology {_ms(r.collective_s)} ({r.limit}-bound); XLA's estimate {xla}", highlight=False)
+  c = p.provenance
   console.print(
-      f"[bold]predicted[/]: {p.step_s * 1e3:,.2f} ms/step, {p.samples_per_s:,.0f} samples/s, "
-      f"{p.model_flops_per_s / 1e12:,.1f} model TFLOP/s = MFU {100 * p.mfu:.1f}% of "
-      f"{p.devices} x {p.accelerator}; time to train {ttt} ({steps} steps, from "
-      f"{p.convergence_source})", highlight=False)
+      f"predicted step {_ms(t.step_s)} = device {_ms(t.device_step_s)} (bound / efficiency) + "
+      f"exposed collectives {_ms(t.collective_s)} + host/dispatch {_ms(t.overhead_s)}; input "
+      f"decode needs {_ms(t.input_step_s)} per step ("
+      f"{'[red]input-bound[/]' if t.input_bound else 'not input-bound'})", highlight=False)
+  if not p.collectives_known:
+    console.print("model-axis collectives unknown (XLA could not print the program): the "
+                  "prediction counts only the gradient all-reduce", highlight=False)
+  console.print(
+      f"[bold]predicted[/]: {p.samples_per_s:,.0f} samples/s, {p.model_flops_per_s / 1e12:,.1f} "
+      f"model TFLOP/s = MFU {100 * p.mfu:.1f}% of {p.devices} x {p.accelerator} (analytic "
+      "model FLOPs)", highlight=False)
+  if p.time_to_train_s is None:
+    return
+  loo = c.get("leave_one_out") or {}
+  spread = (f" (x/÷ {loo['factor_1sigma']:.2f} typical, {loo['worst']:.2f} worst: leave-one-out "
+            f"over {loo['runs']} published runs)" if loo else f" ({c.get('fitted_on', '')})")
+  console.print(
+      f"[bold]time to train {p.time_to_train_s / 60:,.2f} min[/]{spread} = warm-up "
+      f"{t.warmup_s:,.1f} s + {t.steps:,.0f} steps x {_ms(t.step_s)} ({t.train_s:,.1f} s) + "
+      f"{t.evals:,.0f} evaluations x {t.eval_each_s:,.2f} s ({t.eval_s:,.1f} s); steps from "
+      f"{p.convergence_source}", highlight=False)

@@ -63,6 +63,10 @@ from mlbench.config import Division, RunConfig, default_cache_dir
               help="Continue the interrupted run whose run folder (or checkpoint folder) is "
                    "PATH: same seed and settings, its log continued, its time counted from its "
                    "original run_start.")
+@click.option("--profile", metavar="START:COUNT", envvar="MLBENCH_PROFILE",
+              help="Trace COUNT train steps from step START with jax.profiler into the run "
+                   "folder (runs/<system>/<benchmark>/<run id>/tensorboard; view with "
+                   "TensorBoard's profile plugin).")
 @scaling_options
 @click.pass_context
 def run_cmd(ctx: click.Context, workload: str, config_name: str | None,
@@ -70,14 +74,16 @@ def run_cmd(ctx: click.Context, workload: str, config_name: str | None,
             results_dir: Path, system: str | None, seed: int | None, runs: int,
             ruleset: str | None, division: str, submitter: str, cpu_devices: int | None,
             clear_caches: bool, checkpoint_every: int, checkpoint_dir: Path | None,
-            resume: Path | None, **scaling) -> int:
+            resume: Path | None, profile: str | None, **scaling) -> int:
   """Train WORKLOAD to its quality target and write MLPerf result logs.
 
   Prints one JSON line per run on stdout; progress and summaries on stderr.
   Exit code 0 when every run reached the target with a compliant log, else 1.
   """
   from mlbench import paths
+  from mlbench.train.telemetry import ProfileWindow
 
+  window = ProfileWindow.parse(profile) if profile is not None else None
   # Names become folders under --results-dir: refuse a bad one before JAX starts.
   if system is not None:
     paths.check_name("--system", system)
@@ -95,7 +101,8 @@ def run_cmd(ctx: click.Context, workload: str, config_name: str | None,
                  system=system, seed=seed, runs=runs, ruleset=ruleset,
                  division=Division(division), submitter=submitter, cpu_devices=cpu_devices,
                  clear_caches=clear_caches, checkpoint_every=checkpoint_every,
-                 checkpoint_dir=checkpoint_dir, **scaling_config(scaling))
+                 checkpoint_dir=checkpoint_dir, **scaling_config(scaling),
+                 profile=None if window is None else (window.start, window.count))
   if resume is not None:  # Before JAX starts: a clashing --resume fails at once.
     from mlbench.train import resume as resume_lib
 
@@ -158,6 +165,11 @@ def _report(plan, outcome, console) -> None:
       f"{r.opt_state_bytes / 2**20:,.2f} MiB per device; log {r.log}", highlight=False)
   if r.goodput is not None:
     console.print(r.goodput.summary(), highlight=False)
+  _step_vs_prediction(plan, r, console)
+  if r.tensorboard_dir is not None:
+    traced = (f" and a trace of steps {plan.rc.profile[0]}-{sum(plan.rc.profile) - 1}"
+              if plan.rc.profile else "")
+    console.print(f"TensorBoard: scalars{traced} in {r.tensorboard_dir}", highlight=False)
   console.print(compile_cache.stats().summary(), highlight=False)
   if r.checkpoint_saves:
     waits = [w for _, w in r.checkpoint_saves]
@@ -187,7 +199,26 @@ def _report(plan, outcome, console) -> None:
       "checkpoints": len(r.checkpoint_saves),
       "compile_cache": compile_cache.stats().to_json(),
       "log": str(r.log) if r.log else None,
+      "tensorboard": str(r.tensorboard_dir) if r.tensorboard_dir else None,
       "compliant": None if check is None else check.passed}))
+
+
+def _step_vs_prediction(plan, r, console) -> None:
+  """On an accelerator: the measured step time against `mlbench check`'s model for the
+  same config and mesh (from the compiled step the run used)."""
+  from mlbench import accelerators
+  from mlbench.pod import estimate
+
+  acc = accelerators.for_device_kind(plan.runtime.devices[0].device_kind)
+  got = None if acc is None else estimate.run_step(acc, plan, r)
+  if got is None:
+    return
+  measured, t = got
+  console.print(
+      f"step time: measured {measured * 1e3:,.2f} ms, check predicts {t.step_s * 1e3:,.2f} ms "
+      f"(device {t.device_step_s * 1e3:,.2f} + collectives {t.collective_s * 1e3:,.2f} + "
+      f"host {t.overhead_s * 1e3:,.2f} ms); measured / predicted {measured / t.step_s:.2f}x",
+      highlight=False)
 
 
 def _utilization(r) -> str:

@@ -12,12 +12,13 @@ maxtext's train_compile.py.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any
 
 from mlbench import accelerators
 from mlbench.errors import UserError
-from mlbench.pod import hlo, predict as predict_lib
+from mlbench.pod import estimate, hlo, predict as predict_lib, quiet, timemodel
 from mlbench.pod.hlo import COLLECTIVES
 
 __all__ = ["COLLECTIVES", "CheckReport", "ProgramReport", "dry_run"]
@@ -40,7 +41,10 @@ class ProgramReport:
   bytes_accessed: float | None = None  # HBM traffic per device, XLA's count
   xla_seconds: float | None = None     # the TPU compiler's own run-time estimate
   matmul_input_dtypes: dict[str, int] = dataclasses.field(default_factory=dict)
-  hlo_readable: bool = True  # False: XLA could not print the program; no collectives known
+  hlo_readable: bool = True  # False: collectives unknown (neither text nor module proto)
+  collective_source: str = "HLO text"  # or "HLO module proto", "unknown"
+  collective_group_bytes: dict[int, int] = dataclasses.field(default_factory=dict)
+  xla_error: str = ""        # what XLA said when it could not print the program
 
   @property
   def peak_bytes(self) -> int:
@@ -85,6 +89,10 @@ class CheckReport:
     if self.prediction is not None:
       out["prediction"]["roofline"]["bound_s"] = self.prediction.roofline.bound_s
       out["prediction"]["roofline"]["limit"] = self.prediction.roofline.limit
+      terms = self.prediction.terms
+      if terms is not None:
+        out["prediction"]["terms"].update(train_s=terms.train_s, eval_s=terms.eval_s,
+                                          total_s=terms.total_s, input_bound=terms.input_bound)
     return out
 
 
@@ -103,14 +111,31 @@ def _cost(compiled: Any) -> dict[str, float]:
   return dict(cost or {})
 
 
+def _read_program(compiled: Any, devices: int) -> tuple[str, hlo.Collectives | None, str, str]:
+  """(HLO text, collectives, where they were read, XLA's error): the text if XLA can print
+  the program, else its module proto read with protobuf; XLA's C++ messages kept off
+  the terminal either way."""
+  with quiet.captured() as noise:
+    try:
+      text = compiled.as_text()
+      return text, hlo.collectives(text, devices), "HLO text", ""
+    except Exception:  # jaxlib fails to re-read some libtpu programs (async ops)
+      pass
+    try:
+      proto = compiled.runtime_executable().hlo_modules()[0].as_serialized_hlo_module_proto()
+      coll = hlo.collectives_from_proto(proto, devices)
+      source = "HLO module proto"
+    except Exception:
+      coll, source = None, "unknown"
+  return "", coll, source, noise.first_error() or "XLA could not print the program"
+
+
 def _program(name: str, compiled: Any, devices: int) -> ProgramReport:
   mem = compiled.memory_analysis()
   cost = _cost(compiled)
-  try:
-    text, readable = compiled.as_text(), True
-  except Exception:  # jaxlib fails to re-read some libtpu programs (async ops); keep the rest
-    text, readable = "", False
-  coll = hlo.collectives(text, devices)
+  text, coll, source, error = _read_program(compiled, devices)
+  empty = hlo.Collectives(count=dict.fromkeys(COLLECTIVES, 0), result_bytes={}, wire_bytes={})
+  coll = coll or empty
   flops = cost.get("flops")
   # The TPU compiler's estimate comes out negative for some programs (seen: ResNet-50 on
   # v4); that is no estimate.
@@ -123,7 +148,8 @@ def _program(name: str, compiled: Any, devices: int) -> ProgramReport:
       code_bytes=int(mem.generated_code_size_in_bytes), collectives=coll.count,
       collective_bytes=coll.result_bytes, collective_wire_bytes=coll.wire_bytes,
       bytes_accessed=cost.get("bytes accessed"), xla_seconds=xla_s,
-      matmul_input_dtypes=hlo.matmul_input_dtypes(text), hlo_readable=readable)
+      matmul_input_dtypes=hlo.matmul_input_dtypes(text), hlo_readable=source != "unknown",
+      collective_source=source, collective_group_bytes=dict(coll.by_group), xla_error=error)
 
 
 _OOM = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM "
@@ -191,16 +217,17 @@ def dry_run(plan: Any, *, topology: str | None = None,
              _program("init", programs.init, devices))
   acc = accelerators.for_device_kind(device.device_kind)
   prediction = None
+  param_bytes = sharding.bytes_per_device(params, programs.state_sharding.params)
   # On GPUs XLA's cost analysis misses the cuBLAS/cuDNN custom calls (most of the FLOPs),
   # so only the TPU compiler's counts make a prediction.
   if acc is not None and acc.platform == "tpu":
     model_flops = steps.flops_per_example(plan.workload, plan.cfg, plan.ctx) * plan.gbs
-    prediction = _predict(acc, devices, plan.gbs, reports[0], model_flops, convergence)
+    prediction = _predict(plan, acc, reports, param_bytes, model_flops, convergence)
   return CheckReport(
       workload=plan.workload.name, config=plan.config_name, mesh=dict(plan.mesh.shape),
       platform=device.platform,
       params=int(sum(np.prod(x.shape) for x in jax.tree.leaves(params))),
-      param_bytes_per_device=sharding.bytes_per_device(params, programs.state_sharding.params),
+      param_bytes_per_device=param_bytes,
       opt_state_bytes_per_device=programs.opt_state_bytes,
       opt_state_bytes_total=programs.opt_state_bytes_replicated,
       programs=reports, global_batch_size=plan.gbs, device_kind=device.device_kind,
@@ -219,11 +246,62 @@ def _dtypes(tree: Any) -> dict[str, int]:
   return out
 
 
-def _predict(acc: accelerators.Accelerator, devices: int, gbs: int, train: ProgramReport,
-             model_flops: float, convergence: predict_lib.Convergence | None
-             ) -> predict_lib.Prediction | None:
-  if train.flops is None or train.bytes_accessed is None or not train.hlo_readable:
-    return None  # without the program's collectives the interconnect term is unknown
-  roof = predict_lib.roofline(acc, train.flops / devices, train.bytes_accessed,
-                              sum(train.collective_wire_bytes.values()))
-  return predict_lib.predict(acc, devices, gbs, roof, train.xla_seconds, model_flops, convergence)
+def _predict(plan: Any, acc: accelerators.Accelerator, reports: tuple[ProgramReport, ...],
+             grad_bytes: float, model_flops: float,
+             convergence: predict_lib.Convergence | None) -> predict_lib.Prediction:
+  """The time model on the compiled programs. Where XLA gives no FLOP count the analytic
+  model FLOPs stand in; where the program's collectives are unknown, the gradient
+  all-reduce still comes from the topology (only model-axis ones are missing)."""
+  train, evaluation = reports[0], reports[1]
+  devices = int(plan.mesh.devices.size)
+  other = math.prod(v for k, v in plan.mesh.shape.items() if k != "data")
+  steps = convergence.samples / plan.gbs if convergence is not None else 0.0
+  model_bytes = (float(train.collective_group_bytes.get(other, 0))
+                 if train.hlo_readable and other > 1 else None)
+  ep = estimate.Plan(
+      workload=plan.workload.name, devices=devices, mesh=dict(plan.mesh.shape),
+      global_batch=plan.gbs,
+      train=_cost_of(train, devices, model_flops),
+      eval_batch=_cost_of(evaluation, devices, 0.0),
+      eval_batches=math.ceil(plan.schedule.eval_examples / plan.schedule.eval_batch_size),
+      grad_bytes_per_device=float(grad_bytes), model_collective_bytes=model_bytes,
+      model_flops_per_step=model_flops, steps=steps,
+      evals=float(sum(1 for p in plan.points if p.step <= math.ceil(steps)) or 1))
+  consts, provenance = estimate.constants(acc.platform)
+  x = estimate.inputs(acc, ep)
+  terms = timemodel.predict(x, consts)
+  roof = predict_lib.roofline(acc, x.train.flops, x.train.hbm_bytes, 0.0)
+  roof = dataclasses.replace(roof, collective_s=x.collective_s)
+  return predict_lib.predict(acc, devices, plan.gbs, roof, train.xla_seconds, model_flops,
+                             convergence, terms=terms, provenance=provenance,
+                             collectives_known=train.hlo_readable or other == 1)
+
+
+def _cost_of(p: ProgramReport, devices: int, fallback_flops: float) -> timemodel.StepCost:
+  flops = p.flops if p.flops else fallback_flops
+  return timemodel.StepCost(flops=flops / devices, hbm_bytes=float(p.bytes_accessed or 0.0))
+
+
+def fit_eval_batch(rc: Any, devices: int) -> tuple[Any, str | None]:
+  """The run config with an eval batch that splits over the data-parallel devices, and
+  a line saying so; unchanged (None) where the config's does or the user set one.
+
+  The eval batch is no rule-bound hyperparameter: a pod's data axis may be larger
+  than a config's eval batch (BERT's 1,024 on a 4,096-chip v4 slice)."""
+  from mlbench import config as config_lib, registry
+
+  if any(o.split("=", 1)[0].strip() == "eval_batch_size" for o in rc.overrides):
+    return rc, None
+  other = math.prod(v for k, v in (rc.mesh or ()) if k != "data") or 1
+  data = max(1, devices // other)
+  workload = registry.get(rc.workload)
+  _, cfg = config_lib.load(workload, rc.config)
+  cfg = config_lib.override(cfg, rc.overrides)
+  size = int(workload.schedule(cfg).eval_batch_size)
+  if size % data == 0:
+    return rc, None
+  fitted = -(-size // data) * data
+  note = (f"eval batch {fitted:,}: the config's {size:,} does not split over {data:,} "
+          f"data-parallel devices (the eval batch is not rule-bound; --set eval_batch_size=N "
+          "to choose)")
+  return dataclasses.replace(rc, overrides=(*rc.overrides, f"eval_batch_size={fitted}")), note

@@ -1,6 +1,8 @@
 """The collectives in an optimized HLO program: how many, how many bytes, bytes on the wire.
 
-Read from `compiled.as_text()`. Each collective's result shape gives its bytes;
+Read from `compiled.as_text()`, or, where XLA cannot print a program (it fails to
+re-read some that libtpu writes: "async-update instruction should have 1 operands"),
+from its HloModuleProto with protobuf alone (`collectives_from_proto`). Each collective's result shape gives its bytes;
 its replica groups give how many devices take part, and from both a ring
 algorithm's traffic per device follows (what the roofline's interconnect term
 divides by the link bandwidth). An op inside a loop body is counted once, as it
@@ -30,6 +32,7 @@ class Collectives:
   count: dict[str, int]
   result_bytes: dict[str, int]
   wire_bytes: dict[str, float]
+  by_group: dict[int, int] = dataclasses.field(default_factory=dict)  # result bytes by group size
 
   @property
   def total_wire_bytes(self) -> float:
@@ -89,14 +92,17 @@ def collectives(hlo_text: str, devices: int = 1) -> Collectives:
   count = dict.fromkeys(COLLECTIVES, 0)
   result = dict.fromkeys(COLLECTIVES, 0)
   wire = dict.fromkeys(COLLECTIVES, 0.0)
+  by_group: dict[int, int] = {}
   for m in _LINE.finditer(hlo_text):
     op, start = m.group("op"), bool(m.group("start"))
     line = hlo_text[m.start():hlo_text.find("\n", m.end())]
     nbytes = _result_bytes(op, start, m.group("shape"))
+    group = _group_size(line, devices)
     count[op] += 1
     result[op] += nbytes
-    wire[op] += _wire(op, nbytes, _group_size(line, devices))
-  return Collectives(count=count, result_bytes=result, wire_bytes=wire)
+    wire[op] += _wire(op, nbytes, group)
+    by_group[group] = by_group.get(group, 0) + nbytes
+  return Collectives(count=count, result_bytes=result, wire_bytes=wire, by_group=by_group)
 
 
 _DEF = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\w+)\[", re.M)
@@ -113,3 +119,59 @@ def matmul_input_dtypes(hlo_text: str) -> dict[str, int]:
     key = " x ".join(kinds)
     out[key] = out.get(key, 0) + 1
   return out
+
+
+# The HLO module proto's element types (xla_data.proto PrimitiveType) and their bytes.
+_PROTO_ITEMSIZE = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 2, 8: 4, 9: 8, 10: 2, 11: 4, 12: 8,
+                   15: 8, 16: 2, 18: 16, 19: 1, 20: 1}
+
+
+def _proto_bytes(shape) -> list[int]:
+  if shape.tuple_shapes:
+    return [b for s in shape.tuple_shapes for b in _proto_bytes(s)]
+  n = 1
+  for d in shape.dimensions:
+    n *= int(d)
+  return [n * _PROTO_ITEMSIZE.get(int(shape.element_type), 4)] if shape.element_type else []
+
+
+def _proto_group(ins, devices: int) -> int:
+  if ins.replica_groups:
+    return max(1, len(ins.replica_groups[0].replica_ids))
+  if ins.HasField("collective_device_list"):
+    cdl = ins.collective_device_list
+    if cdl.replica_groups:
+      return max(1, len(cdl.replica_groups[0].replica_ids))
+    if cdl.HasField("iota_replica_group_list"):
+      return int(cdl.iota_replica_group_list.num_devices_per_group)
+  if ins.HasField("iota_collective_device_list"):
+    return int(ins.iota_collective_device_list.num_devices_per_group)
+  return 2 if ins.source_target_pairs else devices
+
+
+def collectives_from_proto(serialized: bytes, devices: int = 1) -> Collectives:
+  """The collectives of a serialized HloModuleProto, read with protobuf alone (no XLA
+  re-parsing, which refuses some programs libtpu writes). Ops wrapped in async
+  computations are counted where they are written; -done halves are skipped."""
+  from tensorflow.compiler.xla.service import hlo_pb2  # TF ships XLA's protos
+
+  module = hlo_pb2.HloModuleProto.FromString(serialized)
+  count = dict.fromkeys(COLLECTIVES, 0)
+  result = dict.fromkeys(COLLECTIVES, 0)
+  wire = dict.fromkeys(COLLECTIVES, 0.0)
+  by_group: dict[int, int] = {}
+  for comp in module.computations:
+    for ins in comp.instructions:
+      start = ins.opcode.endswith("-start")
+      op = ins.opcode.removesuffix("-start")
+      if op not in COLLECTIVES:
+        continue
+      sizes = _proto_bytes(ins.shape)
+      nbytes = (max(sizes) if start and op == "all-gather" else
+                sizes[0] if start and op == "collective-permute" and sizes else sum(sizes))
+      group = _proto_group(ins, devices)
+      count[op] += 1
+      result[op] += nbytes
+      wire[op] += _wire(op, nbytes, group)
+      by_group[group] = by_group.get(group, 0) + nbytes
+  return Collectives(count=count, result_bytes=result, wire_bytes=wire, by_group=by_group)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mlbench import accelerators, rules
+from mlbench.pod import runlog, timemodel
 from mlbench.errors import UserError
 
 
@@ -63,6 +64,9 @@ class Prediction:
   steps_to_converge: float | None
   convergence_source: str
   time_to_train_s: float | None
+  terms: timemodel.Terms | None = None   # the time to train, term by term
+  provenance: dict[str, Any] = dataclasses.field(default_factory=dict)  # of the constants
+  collectives_known: bool = True  # False: model-axis collectives unknown (not in the terms)
 
 
 def roofline(acc: accelerators.Accelerator, flops_per_device: float, bytes_per_device: float,
@@ -74,18 +78,23 @@ def roofline(acc: accelerators.Accelerator, flops_per_device: float, bytes_per_d
 
 def predict(acc: accelerators.Accelerator, devices: int, global_batch: int, roof: Roofline,
             xla_step_s: float | None, model_flops_per_step: float,
-            convergence: Convergence | None) -> Prediction:
-  """Step time, throughput, MFU and time to train of one compiled train step."""
-  step_s = max(roof.bound_s, xla_step_s or 0.0)
+            convergence: Convergence | None, *, terms: timemodel.Terms | None = None,
+            provenance: dict[str, Any] | None = None,
+            collectives_known: bool = True) -> Prediction:
+  """Step time, throughput, MFU and time to train of one compiled train step: with the
+  time model's `terms`, their step and total; else the largest lower bound."""
+  step_s = terms.step_s if terms is not None else max(roof.bound_s, xla_step_s or 0.0)
   model_rate = model_flops_per_step / step_s
   steps = None if convergence is None else convergence.samples / global_batch
+  total = None if steps is None else (terms.total_s if terms is not None else steps * step_s)
   return Prediction(
       accelerator=acc.name, devices=devices, xla_step_s=xla_step_s, roofline=roof, step_s=step_s,
       samples_per_s=global_batch / step_s, model_flops_per_step=model_flops_per_step,
       model_flops_per_s=model_rate, mfu=model_rate / (devices * acc.device_peak_flops_per_s),
       steps_to_converge=steps,
       convergence_source="none" if convergence is None else convergence.source,
-      time_to_train_s=None if steps is None else steps * step_s)
+      time_to_train_s=total, terms=terms, provenance=dict(provenance or {}),
+      collectives_known=collectives_known)
 
 
 def _rcp_rounds(benchmark: str) -> list[tuple[tuple[int, ...], Any]]:
@@ -132,20 +141,15 @@ def from_rcps(rule: rules.Rule, global_batch: int, train_examples: int) -> Conve
 
 
 def from_log(path: Path, rule: rules.Rule, train_examples: int) -> Convergence:
-  """Samples a real run trained before reaching its target, from its result log."""
-  events = []
-  try:
-    for line in Path(path).read_text().splitlines():
-      if ":::MLLOG" in line:
-        events.append(json.loads(line.split(":::MLLOG", 1)[1]))
-  except (OSError, ValueError) as e:
-    raise UserError(f"--from-log {path}: cannot read an MLPerf result log ({e})") from e
-  evals = [e for e in events if e.get("key") == rule.quality.key]
-  stops = [e for e in events if e.get("key") == "run_stop"]
-  if not evals or not stops or (stops[-1].get("metadata") or {}).get("status") != "success":
+  """Samples a real run trained before reaching its target, from its result log
+  (`:::MLLOG` or the older `:::MLL` format)."""
+  evs = [e for e in runlog.events(path)]
+  evals = [e for e in evs if e.key == rule.quality.key and e.value is not None]
+  stops = [e for e in evs if e.key == "run_stop"]
+  if not evals or not stops or stops[-1].metadata.get("status") != "success":
     raise UserError(f"--from-log {path}: not a successful run (no {rule.quality.key} or no "
                     "run_stop with status success); give the log of a run that converged")
-  meta = evals[-1].get("metadata") or {}
+  meta = evals[-1].metadata
   if meta.get("samples_count"):
     samples = float(meta["samples_count"])
   elif rule.convergence_unit is rules.Unit.SAMPLES:

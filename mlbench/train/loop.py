@@ -24,7 +24,8 @@ import numpy as np
 
 from mlbench.train import data, evaluate, goodput, mesh as mesh_lib, mfu, pipeline
 from mlbench.train import runtime as runtime_lib
-from mlbench.train import signals, steps
+from mlbench.train import signals, steps, telemetry
+from mlbench.train.telemetry import Telemetry
 from mlbench.train.clock import Clock
 from mlbench.train.checkpoint import RunSaver
 from mlbench.mllog import MLLog
@@ -56,6 +57,8 @@ class RunResult:
   goodput: goodput.Goodput | None = None
   checkpoint_saves: list[tuple[int, float]] = dataclasses.field(default_factory=list)
   log: Path | None = None
+  train_cost: dict[str, float] = dataclasses.field(default_factory=dict)  # XLA's, per device
+  tensorboard_dir: Path | None = None  # scalars and traces (process 0)
 
   @property
   def samples_per_s(self) -> float:
@@ -73,13 +76,15 @@ class RunResult:
 
 
 def run_once(plan: Plan, seed: int, log: MLLog, progress: RunProgress,
-             saver: RunSaver | None = None) -> RunResult:
+             saver: RunSaver | None = None, tele: Telemetry | None = None) -> RunResult:
   """One complete time-to-quality run, logged to `log`.
 
   With `saver` (see mlbench.train.checkpoint via the runner), the run saves
-  checkpoints, or continues from one when `saver.resuming`.
+  checkpoints, or continues from one when `saver.resuming`; with `tele`, it writes
+  TensorBoard scalars and traces the profile window (see telemetry).
   """
-  clock, result = Clock(), RunResult(seed=seed)
+  clock, result, tele = Clock(), RunResult(seed=seed), tele or telemetry.disabled()
+  result.tensorboard_dir = tele.logdir if tele.writes else None
   mfu.prepare(plan, result, progress)  # Untimed: before the clock's first mark.
   if saver is not None and saver.resuming:
     saver.continue_clock(clock, result)  # The log so far is already in `log`.
@@ -93,6 +98,7 @@ def run_once(plan: Plan, seed: int, log: MLLog, progress: RunProgress,
   programs = steps.compile_programs(plan.workload, plan.cfg, plan.schedule, plan.mesh, plan.ctx,
                                     plan.tx, weight_update_sharding=plan.rc.weight_update_sharding)
   result.opt_state_bytes = programs.opt_state_bytes
+  result.train_cost = _cost(programs.train)
   start, sums = 0, None
   if saver is not None and saver.resuming:
     state, start, sums = saver.restore(plan, programs, clock, log)
@@ -106,7 +112,7 @@ def run_once(plan: Plan, seed: int, log: MLLog, progress: RunProgress,
   if saver is not None:
     saver.start(clock, result, log)
   _train_and_evaluate(plan, programs, state, seed, log, clock, progress, result,
-                      start=start, sums=sums, saver=saver)
+                      start=start, sums=sums, saver=saver, tele=tele)
   result.time_to_train_s = clock.between("run_start", "run_stop")
   result.goodput = goodput.measure(clock, result)
   result.train_s, result.eval_s = clock.segments["train"], clock.segments["eval"]
@@ -132,13 +138,15 @@ def _log_setup(plan: Plan, seed: int, log: MLLog) -> None:
 
 def _train_and_evaluate(plan: Plan, programs: steps.Programs, state: Any, seed: int, log: MLLog,
                         clock: Clock, progress: RunProgress, result: RunResult, *,
-                        start: int = 0, sums: Any = None, saver: RunSaver | None = None) -> None:
+                        start: int = 0, sums: Any = None, saver: RunSaver | None = None,
+                        tele: Telemetry | None = None) -> None:
   """Blocks of training and evaluations until the target or the budget; logs run_stop.
 
   run_stop is logged here, while the input pipelines are still alive: tearing
   them down is not part of the run. A resumed run starts at step `start`
   (inside a block whose block_start is already logged) with that block's `sums`.
   """
+  tele = tele or telemetry.disabled()
   train_batches = _train_iterator(plan, programs, seed, skip=start)
   eval_ds = _eval_dataset(plan, seed)
   step, block_first, first_epoch = start, 0, 1
@@ -149,11 +157,15 @@ def _train_and_evaluate(plan: Plan, programs: steps.Programs, state: Any, seed: 
     if step == block_first:
       log.block_start(first_epoch, point.epoch - first_epoch + 1, step * plan.gbs,
                       time_ms=clock.mark("block_start"))
+    waited = result.input_wait_s
     state, sums = _train_block(programs, state, train_batches, point.step - step, plan.gbs,
                                progress, result=result, sync=plan.runtime.simulated_pod,
-                               first_step=step, sums=sums, saver=saver)
-    clock.add("train", clock.since("block_start", state))
+                               first_step=step, sums=sums, saver=saver, tele=tele)
+    block_s = clock.since("block_start", state)
+    clock.add("train", block_s)
+    waited = result.input_wait_s - waited
     result.train_metrics = _mean_metrics(sums, point.step - block_first)
+    tele.block(point.step, result.train_metrics, (point.step - step) * plan.gbs, block_s, waited)
     sums = None
     step, block_first = point.step, point.step
     result.samples, result.epoch = point.samples, point.epoch
@@ -163,6 +175,7 @@ def _train_and_evaluate(plan: Plan, programs: steps.Programs, state: Any, seed: 
       break
     value = _evaluate(plan, programs, state, eval_ds, point, log, clock)
     result.evals.append((point.epoch, value))
+    tele.evaluated(point.step, plan.rule.quality.key, value)
     log.block_stop(first_epoch, point.samples, time_ms=clock.mark("block_stop"))
     progress.evaluated(point.epoch, plan.rule.quality.key, value, clock.since("run_start"),
                        result.samples / clock.segments["train"])
@@ -177,8 +190,8 @@ def _train_and_evaluate(plan: Plan, programs: steps.Programs, state: Any, seed: 
 
 def _train_block(programs: steps.Programs, state: Any, batches: Any, n: int, gbs: int,
                  progress: RunProgress, *, result: RunResult, sync: bool = False,
-                 first_step: int = 0, sums: Any = None,
-                 saver: RunSaver | None = None) -> tuple[Any, Any]:
+                 first_step: int = 0, sums: Any = None, saver: RunSaver | None = None,
+                 tele: Telemetry | None = None) -> tuple[Any, Any]:
   """`n` train steps; with `sync`, each waits for the last (see Runtime.simulated_pod).
 
   Each step's wait for its batch is added to `result.input_wait_s` at once, so
@@ -188,6 +201,7 @@ def _train_block(programs: steps.Programs, state: Any, batches: Any, n: int, gbs
   with the state consistent.
   """
   sums = programs.fresh_sums() if sums is None else sums
+  tele = tele or telemetry.disabled()
   # Implicit host<->device transfers in the hot loop are bugs (a stray numpy
   # array, a float() on a device value); make them fail instead of stall.
   with jax.transfer_guard("disallow"):
@@ -195,7 +209,9 @@ def _train_block(programs: steps.Programs, state: Any, batches: Any, n: int, gbs
       t0 = time.perf_counter()
       _, device_batch = next(batches)
       result.input_wait_s += time.perf_counter() - t0
+      tele.before_step(first_step + i)
       state, sums = programs.train(state, sums, device_batch)
+      tele.after_step(first_step + i, state)
       if sync:
         jax.block_until_ready(state)
       progress.advance(gbs)
@@ -203,6 +219,16 @@ def _train_block(programs: steps.Programs, state: Any, batches: Any, n: int, gbs
         saver.after_step(first_step + i + 1, state, sums)
       signals.check()
   return state, sums
+
+
+def _cost(compiled: Any) -> dict[str, float]:
+  """XLA's per-device FLOPs and HBM bytes of a compiled step (empty where not counted)."""
+  try:
+    cost = compiled.cost_analysis()
+  except Exception:  # Not every backend implements cost analysis.
+    return {}
+  cost = (cost[0] if cost else {}) if isinstance(cost, list) else (cost or {})
+  return {k: float(cost[k]) for k in ("flops", "bytes accessed") if k in cost}
 
 
 def _mean_metrics(sums: dict[str, Any], n: int) -> dict[str, float]:

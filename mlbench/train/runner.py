@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 
 from mlbench import compliance, config as config_lib, results
-from mlbench.train import checkpoint, loop, peers, runtime as runtime_lib, signals
+from mlbench.train import checkpoint, loop, peers, runtime as runtime_lib, signals, telemetry
 from mlbench.config import RunConfig
 from mlbench.errors import Interrupted, UserError
 from mlbench.mllog import MLLog
@@ -223,13 +223,14 @@ def _guarded_one(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch)
   title = (f"{plan.workload.name} run {run.index + 1}/{len(run.seeds)} (seed {run.seed})"
            + (" resumed" if run.resume else ""))
   stop = _Stop(plan, log, pending, folder, saver, console)
+  tele = telemetry.for_run(plan, folder)
   signals.on_timeout(stop.cut_short)
   watch.on_lost = stop.peer_lost
   try:
     with RunProgress(title=title, total_samples=plan.schedule.max_train_samples,
                      train_examples=plan.schedule.train_examples, console=console,
                      enabled=leader) as progress:
-      result = loop.run_once(plan, run.seed, log, progress, saver)
+      result = loop.run_once(plan, run.seed, log, progress, saver, tele)
   except Interrupted as e:
     raise Interrupted(e.signum, stop.interrupted(e.signum)) from None
   except BaseException:
@@ -237,6 +238,7 @@ def _guarded_one(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch)
     watch.settle()  # A collective that failed because a peer died: say which one.
     raise
   finally:
+    tele.close()
     signals.on_timeout(lambda signum: None)
     watch.on_lost = lambda message: None
   stop.finished()

@@ -1,0 +1,131 @@
+"""The compiled cost figures the calibration needs, cached as data (`calibration_costs.json`).
+
+The published TPU runs used 8 to 4,096 chips; compiling mlbench's full configs
+for each of those slices takes hours on a laptop (BERT-large on v3-8192: over an
+hour per compile). What the time model needs from a compile is per device: the
+train step's FLOPs and HBM bytes (XLA's cost analysis), the eval step's, and
+the bytes of its collectives; for data parallelism those depend on the
+per-device batch, not on how many devices there are (the collectives' times
+come from the topology model in `collectives`). So each workload is compiled
+for a 4-chip TPU v4 slice at two per-device batches, and the figures of any
+per-device batch follow by straight-line interpolation (FLOPs are linear in the
+batch; HBM bytes are weights plus activations). BERT-large and Transformer-big
+are compiled at two depths as well (BERT 2 and 4 layers, the Transformer 1+1 and 2+2)
+at the smaller batch; the 24 and 6+6 layer figures follow linearly in the depth (a
+layer adds the same program each time), a layer's figures scaling with the batch as
+the whole program's do.
+
+Regenerate (about two hours on a loaded 2-core machine; needs libtpu):
+
+    python -m mlbench.pod.costs [--only resnet50,bert] [--out mlbench/pod/calibration_costs.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+SLICE = "v4-8"          # 4 chips, one device each
+DEVICES = 4
+DEPTH_KEYS = {"bert": ("model.num_layers",),
+              "transformer": ("model.encoder_layers", "model.decoder_layers")}
+FULL_DEPTH = {"bert": 24, "transformer": 6}
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """One compile: a workload at a per-device batch (and depth) on a mesh of 4 chips."""
+
+  workload: str
+  batch: int            # per device (per data shard with a model axis)
+  model: int = 1        # model-parallel ways (the mesh is data=4/model x model)
+  depth: int | None = None
+
+  @property
+  def key(self) -> str:
+    return (f"{self.workload}@b{self.batch}/m{self.model}"
+            + ("" if self.depth is None else f"/L{self.depth}"))
+
+
+VARIANTS = (
+    Variant("resnet50", 8), Variant("resnet50", 64),
+    Variant("ssd", 1), Variant("ssd", 32),
+    Variant("bert", 2, depth=2), Variant("bert", 2, depth=4), Variant("bert", 16, depth=2),
+    Variant("transformer", 4, depth=1), Variant("transformer", 4, depth=2),
+    Variant("transformer", 32, depth=1),
+)
+
+
+def _args(v: Variant) -> list[str]:
+  data = DEVICES // v.model
+  gbs = v.batch * data
+  args = ["check", v.workload, "--config", "full", "--topology", SLICE, "--json",
+          "--set", f"global_batch_size={gbs}", "--set", f"eval_batch_size={gbs}"]
+  if v.model > 1:
+    args += ["--mesh", f"data={data},model={v.model}"]
+  for key in DEPTH_KEYS.get(v.workload, ()) if v.depth is not None else ():
+    args += ["--set", f"{key}={v.depth}"]
+  return args
+
+
+def _program(p: dict[str, Any]) -> dict[str, Any]:
+  return {"flops_per_device": (p["flops"] or 0.0) / DEVICES,
+          "bytes_per_device": p["bytes_accessed"], "xla_s": p["xla_seconds"],
+          "collective_bytes": p["collective_bytes"], "hlo_readable": p["hlo_readable"],
+          "peak_bytes": p["peak_bytes"]}
+
+
+def compile_variant(v: Variant, timeout: int) -> dict[str, Any]:
+  """`mlbench check` of one variant in its own process; the figures it needs."""
+  t0 = time.monotonic()
+  out = subprocess.run([sys.executable, "-c", "import sys; from mlbench.cli import main; "
+                        "sys.exit(main())", *_args(v)], capture_output=True, text=True,
+                       timeout=timeout)
+  if out.returncode:
+    raise RuntimeError(f"{v.key}: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
+  report = json.loads(out.stdout)
+  train, evaluation = report["programs"][0], report["programs"][1]
+  return {"workload": v.workload, "batch": v.batch, "model": v.model, "depth": v.depth,
+          "params": report["params"], "eval_batch_per_device": v.batch,
+          "train": _program(train), "eval": _program(evaluation),
+          "command": "mlbench " + " ".join(_args(v)),
+          "compile_s": round(time.monotonic() - t0, 1)}
+
+
+def default_path() -> Any:
+  return resources.files("mlbench").joinpath("pod", "calibration_costs.json")
+
+
+def load() -> dict[str, dict[str, Any]]:
+  """The cached records by variant key."""
+  return json.loads(default_path().read_text())["records"]
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--only", default="", help="comma-separated workloads")
+  ap.add_argument("--out", type=Path, default=Path(str(default_path())))
+  ap.add_argument("--timeout", type=int, default=3600)
+  args = ap.parse_args()
+  only = set(filter(None, args.only.split(",")))
+  doc = json.loads(args.out.read_text()) if args.out.exists() else {"records": {}}
+  doc["generated_by"] = "python -m mlbench.pod.costs"
+  for v in VARIANTS:
+    if only and v.workload not in only:
+      continue
+    print(f"compiling {v.key} ...", file=sys.stderr, flush=True)
+    doc["records"][v.key] = compile_variant(v, args.timeout)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    tmp.replace(args.out)  # after every compile: an interrupted run keeps what it has
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,200 @@
+"""Fitting the time model's constants on the calibration set, and judging them.
+
+Least squares on log(predicted / measured) time to train, over the runs of the
+set (one row per system and benchmark), with the constants held in physical
+bounds. Leave-one-out: each run predicted by constants fitted on all the
+others; the spread of those ratios is the uncertainty `check` states.
+
+    python -m mlbench.pod.fit [--write]   # --write: into accelerators.yaml (time_model)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import math
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from mlbench import accelerators
+from mlbench.pod import calibration, costs, timemodel
+from mlbench.pod.timemodel import Constants
+
+# (lower, upper) of each constant, in Constants.NAMES order.
+BOUNDS = ((0.05, 1.0), (0.1, 3.0), (0.0, 1.0), (0.0, 0.02), (0.0, 60.0), (0.0, 20.0))
+START = (0.5, 1.0, 0.5, 1e-3, 5.0, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  case: calibration.Case
+  measured: calibration.Measured
+  inputs: timemodel.Inputs
+
+
+def rows(cases: tuple[calibration.Case, ...], root: Path) -> tuple[list[Row], list[str]]:
+  """The rows of the cases whose logs are here; the reasons the others are left out."""
+  records = costs.load()
+  out, skipped = [], []
+  for case in cases:
+    try:
+      m = calibration.measured(case, root)
+      out.append(Row(case, m, calibration.inputs(case, m, records)))
+    except (FileNotFoundError, KeyError) as e:
+      skipped.append(f"{case.name}: {e}")
+  return out, skipped
+
+
+def _accelerators(rs: list[Row]) -> list[str]:
+  return sorted({r.inputs.accelerator for r in rs})
+
+
+def _constants(values: Any, accs: list[str], base: Constants) -> Constants:
+  """Constants from a parameter vector: one eta per accelerator, then the others (those
+  not in the vector are `base`'s)."""
+  etas = [float(v) for v in values[:len(accs)]]
+  rest = [float(v) for v in values[len(accs):]]
+  others = dict(zip(Constants.NAMES[1:], rest or base.to_list()[1:]))
+  by = {**dict(base.eta_by), **dict(zip(accs, etas))}
+  eta = math.exp(statistics.fmean(math.log(v) for v in by.values())) if by else base.eta
+  return Constants(eta=eta, **others, eta_by=tuple(sorted(by.items())))
+
+
+def _residuals(values: Any, rs: list[Row], accs: list[str], base: Constants) -> list[float]:
+  c = _constants(values, accs, base)
+  return [math.log(timemodel.predict(r.inputs, c).total_s / r.measured.run_s) for r in rs]
+
+
+def fit(rs: list[Row], start: Constants | None = None, only_eta: bool = False) -> Constants:
+  """The constants that minimise the squared log ratios over `rs`: an eta for each
+  accelerator among them and, unless `only_eta`, the others (else `start`'s)."""
+  from scipy.optimize import least_squares
+
+  base = start or Constants(*START)
+  accs = _accelerators(rs)
+  x0 = [base.eta_for(a) for a in accs] + ([] if only_eta else base.to_list()[1:])
+  bounds = [BOUNDS[0]] * len(accs) + ([] if only_eta else list(BOUNDS[1:]))
+  lo, hi = zip(*bounds)
+  x0 = [min(max(v, lo_), hi_) for v, lo_, hi_ in zip(x0, lo, hi)]
+  best = least_squares(_residuals, x0, bounds=(lo, hi), args=(rs, accs, base), x_scale="jac")
+  return _constants(best.x, accs, base)
+
+
+def leave_one_out(rs: list[Row], full: Constants, only_eta: bool = False) -> list[float]:
+  """Predicted / measured of each row under constants fitted without it (all of them, or
+  only the accelerators' efficiencies, the others kept from `full`)."""
+  out = []
+  for i, r in enumerate(rs):
+    rest = rs[:i] + rs[i + 1:]
+    c = fit(rest, start=full, only_eta=only_eta)
+    out.append(timemodel.predict(r.inputs, c).total_s / r.measured.run_s)
+  return out
+
+
+def spread(ratios: list[float]) -> dict[str, float]:
+  """The uncertainty: the RMS of log ratios as a factor, and the worst ratio either way."""
+  logs = [math.log(x) for x in ratios]
+  return {"factor_1sigma": round(math.exp(math.sqrt(statistics.fmean(v * v for v in logs))), 3),
+          "worst": round(math.exp(max(abs(v) for v in logs)), 3), "runs": len(ratios)}
+
+
+def write(platform: str, c: Constants, loo: dict[str, float], n: int,
+          path: Path | None = None, note: str = "", cases: str = "CASES") -> None:
+  """Stores the constants and their provenance in accelerators.yaml (`time_model`)."""
+  path = path or Path(accelerators.__file__).with_name("accelerators.yaml")
+  text = path.read_text()
+  head = text.split("\ntime_model:\n", 1)[0].split("\n# The pod time model's", 1)[0]
+  head = head.rstrip("\n") + "\n"
+  doc = accelerators._document().get("time_model") or {}
+  doc = {k: v for k, v in doc.items() if k != platform}
+  doc[platform] = {**{k: float(f"{v:.4g}") for k, v in zip(Constants.NAMES, c.to_list())},
+                   "eta_by": {k: float(f"{v:.4g}") for k, v in c.eta_by},
+                   "fitted_on": f"{n} published runs (mlbench/pod/calibration.py {cases})",
+                   "fitted": datetime.date.today().isoformat(),
+                   "command": "python -m mlbench.pod.fit --write",
+                   "leave_one_out": loo, **({"note": note} if note else {})}
+  accelerators._document.cache_clear()
+  accelerators.table.cache_clear()
+  lines = ["", "# The pod time model's constants (mlbench/pod/timemodel.py), fitted on published",
+           "# runs by the command each names; leave_one_out: the spread check states.",
+           "time_model:"]
+  for name in sorted(doc):
+    lines.append(f"  {name}:")
+    for k, v in doc[name].items():
+      lines.append(f"    {k}: {_yaml(v)}")
+  tmp = path.with_suffix(".tmp")
+  tmp.write_text(head + "\n".join(lines) + "\n")
+  tmp.replace(path)
+
+
+def _yaml(v: Any) -> str:
+  if isinstance(v, dict):
+    return "{" + ", ".join(f"{k}: {_yaml(x)}" for k, x in v.items()) + "}"
+  if isinstance(v, str):
+    return '"' + re.sub(r'"', "'", v) + '"'
+  return repr(v)
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+  """The fit of each platform, its leave-one-out ratios, and the held-out runs."""
+
+  tpu: list[Row]
+  tpu_constants: Constants
+  tpu_loo: list[float]
+  held_out: list[Row]
+  gpu: list[Row]
+  gpu_constants: Constants
+  gpu_loo: list[float]
+  left_out: list[str]
+  not_fitted: list[Row]
+
+
+
+def calibrate(root: Path) -> Calibration:
+  """Fits the TPU constants on the calibration set, and the GPU efficiency (one constant,
+  the rest the TPU's: four runs cannot fit seven) on the H100 runs; leave-one-out for
+  both."""
+  tpu, left = rows(tuple(c for c in calibration.CASES if not c.held_out), root)
+  held, left_h = rows(tuple(c for c in calibration.CASES if c.held_out), root)
+  gpu, left_g = rows(calibration.GPU_CASES, root)
+  c = fit(tpu)
+  fitted = [r for r in gpu if not r.case.not_fitted]
+  g = _gpu(fit(fitted, start=c, only_eta=True)) if fitted else c
+  return Calibration(tpu=tpu, tpu_constants=c, tpu_loo=leave_one_out(tpu, c), held_out=held,
+                     gpu=fitted, gpu_constants=g,
+                     gpu_loo=leave_one_out(fitted, g, only_eta=True) if fitted else [],
+                     left_out=left + left_h + left_g,
+                     not_fitted=[r for r in gpu if r.case.not_fitted])
+
+
+def _gpu(c: Constants) -> Constants:
+  """The GPU constants: the H100's fitted efficiency for the H100 and the H200 (the same
+  GH100 tensor cores) and for GPUs not fitted; no TPU entries."""
+  h100 = c.eta_for("h100")
+  return dataclasses.replace(c, eta=h100, eta_by=(("h100", h100), ("h200", h100)))
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--results", type=Path, default=calibration.default_root())
+  ap.add_argument("--write", action="store_true", help="store the constants")
+  args = ap.parse_args()
+  cal = calibrate(args.results)
+  for s in cal.left_out:
+    print(f"left out: {s}", file=sys.stderr)
+  print("tpu", cal.tpu_constants, spread(cal.tpu_loo))
+  print("gpu", cal.gpu_constants, spread(cal.gpu_loo) if cal.gpu_loo else "-")
+  if args.write:
+    write("tpu", cal.tpu_constants, spread(cal.tpu_loo), len(cal.tpu))
+    if cal.gpu:
+      write("gpu", cal.gpu_constants, spread(cal.gpu_loo), len(cal.gpu), cases="GPU_CASES",
+            note="the h100 eta fitted on the H100 runs (GPU_CASES), the others the TPU fit's")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,47 @@
+"""A real mini run leaves TensorBoard scalars and, with --profile, a trace TensorBoard reads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+# One epoch of the ResNet-50 mini: 20 steps of 64, an evaluation at the end.
+ARGS = ["run", "resnet50", "--set", "train_epochs=1", "--system", "cpu-test", "--seed", "3"]
+
+
+@pytest.mark.slow
+def test_profile_and_scalars_of_a_mini_run(mlbench, tmp_path, data_dir):
+  import jax
+  import tensorflow as tf
+  from tensorboard.backend.event_processing import event_accumulator as ea
+
+  out = mlbench(*ARGS, "--profile", "5:3", "--data-dir", str(data_dir), cwd=tmp_path)
+  assert out.returncode == 1, out.stderr[-3000:]  # one epoch is short of the target
+  report = json.loads(out.stdout.splitlines()[-1])
+  board = tmp_path / report["tensorboard"]
+  assert board.parent.parent.parent.parent == tmp_path / "results" / "runs"
+  assert f"TensorBoard: scalars and a trace of steps 5-7 in {report['tensorboard']}" in out.stderr
+
+  # TensorBoard's own loader reads the scalars back, at the step of the evaluation.
+  acc = ea.EventAccumulator(str(board), size_guidance={ea.TENSORS: 0})
+  acc.Reload()
+  got = {tag: [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
+         for tag in acc.Tags()["tensors"]}
+  assert {"train/loss", "eval/eval_accuracy", "perf/samples_per_s", "perf/mfu",
+          "perf/input_wait_fraction"} <= set(got)
+  assert got["eval/eval_accuracy"] == [(20, pytest.approx(report["eval_accuracy"]))]
+  assert got["train/loss"][0][1] == pytest.approx(report["train_metrics"]["loss"], rel=1e-5)
+  assert got["perf/samples_per_s"][0][1] > 0 and 0 < got["perf/mfu"][0][1] < 1
+  assert 0 <= got["perf/input_wait_fraction"][0][1] < 1
+
+  # The trace lies where TensorBoard's profile plugin looks for runs, and parses as an
+  # XSpace with the three traced steps named.
+  [trace] = board.glob("plugins/profile/*/*.xplane.pb")
+  space = jax.profiler.ProfileData.from_file(str(trace))
+  steps = {e.name for p in space.planes for line in p.lines for e in line.events
+           if e.name == "train"}
+  assert steps == {"train"}
+  numbers = sorted({int(dict(e.stats).get("step_num", -1)) for p in space.planes
+                    for line in p.lines for e in line.events if e.name == "train"})
+  assert numbers == [5, 6, 7]

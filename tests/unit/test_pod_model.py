@@ -1,0 +1,209 @@
+"""The pod time model's parts on real published logs and hand-computed collectives."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+
+from mlbench import accelerators, rules
+from mlbench.pod import calibration, collectives, costs, fit, predict, runlog, timemodel
+
+DATA = Path(__file__).parents[1] / "data"
+V06 = DATA / "mlperf-v0.6" / "Google" / "results"
+V07 = DATA / "mlperf-results" / "v0.7" / "Google" / "results"
+
+
+def test_the_old_mll_format_is_read_from_a_published_v06_log():
+  r = runlog.read(V06 / "tpu-v3-128" / "resnet" / "result_0.txt")
+  assert r.old_format and r.success and r.benchmark == "resnet" and r.platform == "tpu-v3-128"
+  assert r.global_batch_size == 16384 and r.train_examples == 1_281_167
+  assert r.run_s == pytest.approx(1558516333.791 - 1558515660.674)  # run_start..run_stop
+  assert r.evals == 16 and r.samples == 64 * 1_281_167  # the last eval at epoch 64
+  # 16 blocks of 4 epochs, about 41 s each: 4 x 1,281,167 / 16,384 = 312.8 steps a block.
+  assert r.sound_step_s() == pytest.approx(41.0 / (4 * 1_281_167 / 16384), rel=0.01)
+
+
+def test_mllog_lines_and_a_run_start_logged_before_init_stop():
+  jax_bert = runlog.read(V07 / "tpu-v3-8192-JAX" / "bert" / "result_0.txt")
+  assert not jax_bert.old_format and jax_bert.global_batch_size == 8192
+  assert jax_bert.samples == jax_bert.steps * 8192 and 400 < jax_bert.steps < 700  # v0.7: steps
+  # The TF SSD log stamps run_start 15 hours before init_stop; its blocks start at init_stop.
+  ssd = runlog.read(V07 / "tpu-v3-8192-TF" / "ssd" / "result_0.txt")
+  assert 20 < ssd.run_s < 40 and ssd.sound_step_s() is None  # async blocks: not sound
+
+
+def test_from_log_takes_both_formats():
+  rule = rules.load("resnet", "0.7.0")
+  old = predict.from_log(V06 / "tpu-v3-128" / "resnet" / "result_0.txt", rule, 1_281_167)
+  assert old.samples == 64 * 1_281_167
+
+
+LINK = collectives.Link(link_bytes_per_s=1e9, hop_latency_s=1e-6)
+
+
+def test_all_reduce_on_a_4x4_torus_by_hand():
+  # Dimension 1: 2 phases x (3 hops + 3/4 of 1 MB over two counter-rotating rings of 1 GB/s);
+  # dimension 2 on the quarter left: the same with 250 kB.
+  t = collectives.torus((4, 4), pod_dims=(4, 4))
+  assert t.wrap == (True, True)
+  want = 2 * (3e-6 + 0.75 * 1e6 / 2e9) + 2 * (3e-6 + 0.75 * 250e3 / 2e9)
+  assert collectives.all_reduce_s(1e6, t, LINK) == pytest.approx(want)
+
+
+def test_all_reduce_on_a_2x2x2_mesh_without_wraparound_and_across_slices():
+  t = collectives.torus((2, 2, 2), pod_dims=None, cube=4)
+  assert t.wrap == (False, False, False)
+  # Each dimension: 2 phases x (1 hop + 1/2 of what is left over one link).
+  want = sum(2 * (1e-6 + 0.5 * b / 1e9) for b in (8e6, 4e6, 2e6))
+  assert collectives.all_reduce_s(8e6, t, LINK) == pytest.approx(want)
+  dcn = dataclasses.replace(LINK, dcn_bytes_per_s=1e8, dcn_latency_s=1e-5)
+  two = dataclasses.replace(t, slices=2)
+  # Then each chip's 1 MB shard across 2 slices: 2 x (1 step + 1/2 of 1 MB at 100 MB/s).
+  assert collectives.all_reduce_s(8e6, two, dcn) == pytest.approx(
+      want + 2 * (1e-5 + 0.5 * 1e6 / 1e8))
+  assert collectives.torus((4, 4, 8), None, cube=4).wrap == (True, True, True)
+
+
+def _inputs(**kw) -> timemodel.Inputs:
+  base = dict(devices=64, global_batch=4096, peak_flops_per_s=100e12, hbm_bytes_per_s=1e12,
+              train=timemodel.StepCost(flops=1e12, hbm_bytes=5e9), collective_s=2e-3,
+              steps=1000, evals=10, eval_batch_cost=timemodel.StepCost(1e11, 1e9),
+              eval_batches=3, model_flops_per_step=64 * 0.9e12)
+  return timemodel.Inputs(**{**base, **kw})
+
+
+def test_the_time_to_train_is_the_sum_of_its_printed_terms():
+  c = timemodel.Constants(eta=0.5, hbm=1.0, kappa=0.5, step_overhead_s=1e-3, warmup_s=7.0,
+                          eval_overhead_s=0.5)
+  t = timemodel.predict(_inputs(), c)
+  assert t.device_step_s == pytest.approx(0.010 / 0.5)  # compute-bound: 1e12 / 1e14
+  assert t.step_s == pytest.approx(0.020 + 0.001 + 0.001)
+  assert t.eval_each_s == pytest.approx(3 * 0.001 / 0.5 + 0.5)
+  assert t.total_s == pytest.approx(7.0 + 1000 * t.step_s + 10 * t.eval_each_s)
+  assert t.mfu == pytest.approx(0.9e12 / (t.step_s * 100e12)) and not t.input_bound
+  slow_host = timemodel.predict(_inputs(input_cpu_s_per_example=0.01, host_cores_per_device=1),
+                                c)
+  assert slow_host.input_bound and slow_host.step_s == pytest.approx(64 * 0.01)
+
+
+def test_the_fit_recovers_known_constants_and_leave_one_out_predicts_each_run():
+  """Rows of real calibration cases whose 'measured' times come from known constants."""
+  rows, _ = fit.rows(tuple(c for c in calibration.CASES if not c.held_out),
+                     calibration.default_root())
+  if len(rows) < 8:
+    pytest.skip("the published logs (shared/mlperf-results) are not beside this checkout")
+  true = timemodel.Constants(eta=0.4, hbm=1.3, kappa=0.3, step_overhead_s=2e-3, warmup_s=3.0,
+                             eval_overhead_s=0.4, eta_by=(("tpu_v3", 0.45), ("tpu_v4", 0.35)))
+  fake = [dataclasses.replace(r, measured=dataclasses.replace(
+      r.measured, run_s=timemodel.predict(r.inputs, true).total_s)) for r in rows]
+  got = fit.fit(fake)
+  assert fit.spread([timemodel.predict(r.inputs, got).total_s / r.measured.run_s
+                     for r in fake])["worst"] < 1.01
+  # (An HBM-bound generation's eta is not identifiable; the warm-up is.)
+  assert got.warmup_s == pytest.approx(true.warmup_s, rel=0.2)
+  assert fit.spread(fit.leave_one_out(fake[:4], got, only_eta=True))["worst"] < 1.02
+
+
+def test_cached_compiles_interpolate_in_the_batch():
+  records = costs.load()
+  resnet = [r for r in records.values() if r["workload"] == "resnet50"]
+  for r in resnet:
+    got = calibration.device_cost(records, "resnet50", r["batch"], 1, "train")
+    assert got["flops"] == pytest.approx(r["train"]["flops_per_device"])
+  if len(resnet) > 1:  # FLOPs are linear in the batch
+    lo, hi = sorted(r["batch"] for r in resnet)
+    mid = calibration.device_cost(records, "resnet50", (lo + hi) / 2, 1, "train")["flops"]
+    ends = [calibration.device_cost(records, "resnet50", b, 1, "train")["flops"] for b in (lo, hi)]
+    assert mid == pytest.approx(sum(ends) / 2)
+
+
+def test_the_eval_batch_is_fitted_to_the_data_axis_and_said():
+  from mlbench.config import RunConfig
+  from mlbench.pod import check
+
+  rc = RunConfig(workload="bert", config="full")
+  fitted, note = check.fit_eval_batch(rc, 4096)
+  assert fitted.overrides[-1] == "eval_batch_size=4096" and "does not split over 4,096" in note
+  assert check.fit_eval_batch(rc, 512) == (rc, None)  # 1,024 splits over 512
+  mine = dataclasses.replace(rc, overrides=("eval_batch_size=8192",))
+  assert check.fit_eval_batch(mine, 4096) == (mine, None)  # the user's choice stands
+
+
+def test_every_tpu_generation_has_an_interconnect_for_the_model():
+  for acc in accelerators.table().values():
+    assert float(acc.ici["link_bytes_per_s"]) > 0 and acc.host_cores_per_chip > 0, acc.name
+  v4 = accelerators.table()["tpu_v4"]
+  assert calibration.estimate.torus_of(v4, (4, 4, 4)).wrap == (True,) * 3
+  assert math.isclose(float(v4.ici["link_bytes_per_s"]) * 6, v4.interconnect_bytes_per_s)
+
+
+def test_the_module_proto_gives_the_collectives_the_text_gives():
+  """On a real TPU program (compiled for a v4 slice, no TPU): protobuf alone reads the
+  same collectives from the HLO module proto as the printed text shows."""
+  pytest.importorskip("libtpu")
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+  from mlbench.pod import hlo, topology
+
+  devices = topology.devices(topology.parse("v4-8"))
+  mesh = Mesh(np.array(devices), ("data",))
+
+  def step(w, x):
+    return w - jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+
+  w = jax.ShapeDtypeStruct((256, 256), jnp.float32, sharding=NamedSharding(mesh, P()))
+  x = jax.ShapeDtypeStruct((64, 256), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+  with jax.default_device(jax.devices("cpu")[0]):
+    compiled = jax.jit(step).lower(w, x).compile()
+  from_text = hlo.collectives(compiled.as_text(), devices=4)
+  proto = compiled.runtime_executable().hlo_modules()[0].as_serialized_hlo_module_proto()
+  from_proto = hlo.collectives_from_proto(proto, devices=4)
+  assert from_text.count["all-reduce"] >= 1
+  assert from_proto.count == from_text.count
+  assert from_proto.result_bytes == from_text.result_bytes
+  assert from_proto.by_group == from_text.by_group == {4: 256 * 256 * 4}
+
+
+def test_xla_messages_on_descriptor_2_are_captured():
+  import os
+
+  from mlbench.pod import quiet
+
+  with quiet.captured() as noise:
+    os.write(2, b"E1125 21:15:59.654682 7669 status_macros.cc:58] INTERNAL: RET_CHECK failure "
+                b"(hlo_instruction.cc:390) async-update instruction should have 1 operands\n"
+                b"*** Begin stack trace ***\n")
+  assert "Begin stack trace" in noise.text
+  assert noise.first_error().startswith("INTERNAL: RET_CHECK failure")
+
+
+def test_a_train_step_without_readable_collectives_still_gets_mfu_and_a_prediction():
+  """What check does when XLA can print neither the program nor its proto: MFU from
+  the analytic FLOPs, the gradient all-reduce from the slice's torus, a time to train."""
+  pytest.importorskip("libtpu")
+  from mlbench.config import RunConfig
+  from mlbench.pod import check, topology
+  from mlbench.train.plan import make_plan
+
+  slice_ = topology.parse("v4-128")
+  runtime = topology.runtime(slice_)
+  rc = RunConfig(workload="bert", config="full", mesh=(("data", 16), ("model", 4)))
+  rc, _ = check.fit_eval_batch(rc, len(runtime.devices))
+  plan = make_plan(rc, runtime, machine=topology.machine(slice_, runtime.devices))
+  unknown = dict(name="train step", flops=None, argument_bytes=0, output_bytes=0, alias_bytes=0,
+                 temp_bytes=0, code_bytes=0, collectives={}, bytes_accessed=None,
+                 hlo_readable=False, collective_source="unknown", xla_error="RET_CHECK ...")
+  reports = (check.ProgramReport(**unknown), check.ProgramReport(**{**unknown, "name": "eval"}))
+  model_flops = 6.1e12 * plan.gbs
+  p = check._predict(plan, slice_.accelerator, reports, grad_bytes=1.4e9 / 2,
+                     model_flops=model_flops, convergence=predict.Convergence(3e6, "test"))
+  assert p.terms is not None and p.time_to_train_s == pytest.approx(p.terms.total_s)
+  assert p.mfu == pytest.approx(model_flops / (p.step_s * 64 * 275e12))
+  assert p.roofline.collective_s > 0  # the gradient all-reduce over the data axis's chips
+  assert not p.collectives_known  # the model axis's are not in the terms, and check says so
