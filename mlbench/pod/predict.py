@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from mlbench import accelerators, rules
+from mlbench import accelerators, paths, rules
 from mlbench.errors import UserError
 
 
@@ -135,7 +135,7 @@ def from_log(path: Path, rule: rules.Rule, train_examples: int) -> Convergence:
   """Samples a real run trained before reaching its target, from its result log."""
   events = []
   try:
-    for line in Path(path).read_text().splitlines():
+    for line in paths.path(path).read_text().splitlines():
       if ":::MLLOG" in line:
         events.append(json.loads(line.split(":::MLLOG", 1)[1]))
   except (OSError, ValueError) as e:
