@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from mlbench import paths
 from mlbench.errors import UserError
 from mlbench.workload import Split
 from workloads.transformer import vocab
@@ -36,7 +37,7 @@ def dataset_dir(cfg: TransformerConfig, data_dir: Path) -> Path:
 
 
 def files(cfg: TransformerConfig, data_dir: Path, split: Split) -> list[str]:
-  folder = dataset_dir(cfg, Path(data_dir))
+  folder = dataset_dir(cfg, paths.path(data_dir))
   found = sorted(str(p) for p in folder.glob(_GLOBS[split]) if p.is_file())
   if not found:
     hint = ("run without --data-dir to generate it" if cfg.data.source is Source.CLDR else
@@ -50,7 +51,7 @@ def bind(cfg: TransformerConfig, data_dir: Path) -> TransformerConfig:
   if already set)."""
   if cfg.data.vocab_file:
     return cfg
-  folder = dataset_dir(cfg, Path(data_dir))
+  folder = dataset_dir(cfg, paths.path(data_dir))
   for pattern in _VOCAB_GLOBS:
     found = sorted(folder.glob(pattern))
     if found:
