@@ -54,7 +54,7 @@ def find_run(path: paths.PathLike) -> tuple[RunRecord, paths.Path]:
   Raises:
     UserError: PATH holds no run record, the run finished, or it has no checkpoint.
   """
-  path = paths.path(path, "--resume")
+  path = paths.require_dir(path, "--resume")
   with paths.errors("--resume", path):
     return _find_run(path)
 
