@@ -240,7 +240,8 @@ def _guarded_one(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch)
     if saver is not None:
       storage.write_new(saver.directory / checkpoint.FINISHED_FILE,
                         json.dumps({"log": str(result.log)}) + "\n")
-    check = compliance.check_log(result.log, plan.rule, config_lib.default_cache_dir())
+    with storage.fetched(result.log, "the run's log") as local:  # The checker reads files.
+      check = compliance.check_log(local, plan.rule, config_lib.default_cache_dir())
   return Outcome(run.index, result, check)
 
 
