@@ -64,14 +64,17 @@ def _count(name: str) -> int:
 
 
 def _cluster_detected() -> bool:
-  """A job of several processes that jax.distributed sets up from its environment: a
-  multi-host Cloud TPU slice (a TPU VM's worker list, also on GKE), a SLURM step of
-  several tasks (`srun`), or an Open MPI job (`mpirun`). One process of one host, on
-  any of them, needs no coordinator."""
-  tpu_hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
+  """A job whose processes jax.distributed sets up from its environment: a Cloud TPU VM
+  (GCE metadata or GKE's TPU_WORKER_HOSTNAMES name the slice's hosts; one host is a job
+  of one), a SLURM step of several tasks (`srun`), or an Open MPI job (`mpirun`)."""
+  import glob
+
+  tpu_hosts = (os.environ.get("TPU_PROCESS_ADDRESSES")
+               or os.environ.get("TPU_WORKER_HOSTNAMES", ""))
+  tpu_vm = bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
   slurm = all(v in os.environ for v in _SLURM) and _count("SLURM_NTASKS") > 1
   mpi = "OMPI_MCA_orte_hnp_uri" in os.environ and _count("OMPI_COMM_WORLD_SIZE") > 1
-  return "," in tpu_hosts or slurm or mpi
+  return "," in tpu_hosts or tpu_vm or slurm or mpi
 
 
 def _native_stdout_to_stderr() -> None:
