@@ -63,18 +63,24 @@ def _count(name: str) -> int:
   return int(value) if value.isdigit() else 1
 
 
-def _cluster_detected() -> bool:
-  """A job whose processes jax.distributed sets up from its environment: a Cloud TPU VM
-  (GCE metadata or GKE's TPU_WORKER_HOSTNAMES name the slice's hosts; one host is a job
-  of one), a SLURM step of several tasks (`srun`), or an Open MPI job (`mpirun`)."""
+def _cluster_detected() -> str | None:
+  """A job whose processes jax.distributed sets up from its environment: "slice" (a
+  multi-host TPU slice named by GKE's TPU_WORKER_HOSTNAMES), "slurm" (a step of several
+  `srun` tasks), "mpi" (`mpirun`), "tpu-vm" (a Cloud TPU VM: GCE's metadata server names
+  the slice's hosts, if it has several); None elsewhere."""
   import glob
 
   tpu_hosts = (os.environ.get("TPU_PROCESS_ADDRESSES")
                or os.environ.get("TPU_WORKER_HOSTNAMES", ""))
-  tpu_vm = bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
-  slurm = all(v in os.environ for v in _SLURM) and _count("SLURM_NTASKS") > 1
-  mpi = "OMPI_MCA_orte_hnp_uri" in os.environ and _count("OMPI_COMM_WORLD_SIZE") > 1
-  return "," in tpu_hosts or tpu_vm or slurm or mpi
+  if "," in tpu_hosts:
+    return "slice"
+  if all(v in os.environ for v in _SLURM) and _count("SLURM_NTASKS") > 1:
+    return "slurm"
+  if "OMPI_MCA_orte_hnp_uri" in os.environ and _count("OMPI_COMM_WORLD_SIZE") > 1:
+    return "mpi"
+  tpu = glob.glob("/dev/accel*") or (glob.glob("/dev/vfio/[0-9]*")
+                                     and not glob.glob("/dev/nvidia[0-9]*"))
+  return "tpu-vm" if tpu else None
 
 
 def _native_stdout_to_stderr() -> None:
@@ -103,11 +109,17 @@ def _start_distributed(dist: Distributed) -> None:
     raise UserError(f"--process-id must be in 0..{dist.num_processes - 1}, "
                     f"got {dist.process_id}")
   _native_stdout_to_stderr()
-  # A coordinator given binds to that address only (the default binds every interface).
-  jax.distributed.initialize(coordinator_address=dist.coordinator,
-                             num_processes=dist.num_processes, process_id=dist.process_id,
-                             coordinator_bind_address=dist.coordinator,
-                             initialization_timeout=120)
+  try:
+    # A coordinator given binds to that address only (the default binds every interface).
+    jax.distributed.initialize(coordinator_address=dist.coordinator,
+                               num_processes=dist.num_processes, process_id=dist.process_id,
+                               coordinator_bind_address=dist.coordinator,
+                               initialization_timeout=120)
+  except ValueError as e:  # Nothing found: on a TPU VM outside a slice, run alone.
+    if detected != "tpu-vm" or dist.explicit:
+      raise UserError(f"jax.distributed found no {detected or 'cluster'} settings ({e}); give "
+                      "--coordinator HOST:PORT, --num-processes N and --process-id I") from None
+    print(f"warning: no TPU slice found ({e}); running as one process", file=sys.stderr)
 
 
 def _accelerator_attached() -> bool:
