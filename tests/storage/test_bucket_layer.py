@@ -154,3 +154,21 @@ def test_a_cache_that_cannot_be_written_is_a_warning(bucket, capsys, restore_jax
   assert compile_cache.stats().folder is None and "Not a directory" in capsys.readouterr().err
   compile_cache.configure(f"{bucket}/cache")
   assert str(compile_cache.stats().folder) == f"{bucket}/cache"
+
+
+def test_where_there_are_no_hard_links_the_name_is_claimed_then_filled_in_one_rename(tmp_path):
+  """A link across filesystems fails (EXDEV) as one on gcsfuse does: the fallback claims
+  the name with O_EXCL and renames the complete copy over the empty claim."""
+  other = "/dev/shm"
+  if not os.path.isdir(other) or os.stat(other).st_dev == os.stat(tmp_path).st_dev:
+    pytest.skip("needs a second filesystem (/dev/shm)")
+  src = os.path.join(other, f"mlbench-test-{os.getpid()}.log")
+  with open(src, "w") as f:
+    f.write(":::MLLOG a whole log\n")
+  try:
+    assert storage.write_new(tmp_path / "result_0.txt", src=src) is True
+    assert storage.write_new(tmp_path / "result_0.txt", src=src) is False
+  finally:
+    os.unlink(src)
+  assert (tmp_path / "result_0.txt").read_text() == ":::MLLOG a whole log\n"
+  assert [p.name for p in tmp_path.iterdir()] == ["result_0.txt"]  # No temporary left.
