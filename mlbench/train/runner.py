@@ -17,6 +17,7 @@ import secrets
 import signal
 import threading
 from collections.abc import Callable
+
 from rich.console import Console
 
 from mlbench import compliance, config as config_lib, paths, results, storage

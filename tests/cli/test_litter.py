@@ -113,7 +113,7 @@ def test_after_sigkill_the_next_run_files_the_leftover_away(mlbench, tmp_path, d
                            "sys.exit(main())", *args], cwd=tmp_path, env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.time() + 300
-  while time.time() < deadline and not (folder.is_dir() and list(folder.glob("pending_*"))):
+  while time.time() < deadline and not (folder.is_dir() and list(folder.glob("pending_*.log"))):
     time.sleep(0.2)
   proc.send_signal(signal.SIGKILL)
   proc.wait()
