@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -172,3 +173,15 @@ def test_where_there_are_no_hard_links_the_name_is_claimed_then_filled_in_one_re
     os.unlink(src)
   assert (tmp_path / "result_0.txt").read_text() == ":::MLLOG a whole log\n"
   assert [p.name for p in tmp_path.iterdir()] == ["result_0.txt"]  # No temporary left.
+
+
+def test_compare_scores_a_bucket_and_names_it_as_given(bucket, write_log, tmp_path, capsys):
+  folder = results.benchmark_dir(f"{bucket}/package", "cpu-test", "resnet")
+  for i, accuracies in enumerate(([0.5, 0.985], [0.6, 0.99])):
+    storage.put(write_log(tmp_path / f"log{i}.txt", accuracies, seed=7 + i),
+                folder / f"result_{i}.txt")
+  assert main(["compare", f"{bucket}/package", "--json", str(tmp_path / "scores.json")]) == 0
+  [entry] = json.loads((tmp_path / "scores.json").read_text())["entries"]
+  assert entry["source"] == f"{bucket}/package" and len(entry["runs"]) == 2
+  assert all(run["converged"] for run in entry["runs"])
+  assert f"{bucket}/package" in capsys.readouterr().err  # The table names the bucket.
