@@ -10,22 +10,10 @@ of `Workload.configs`) as its first argument, so a workload never sees a knob it
 does not own, and the harness never reads a workload's config fields directly:
 what it needs comes back through `Workload.schedule`.
 
-The contract is shaped for the five planned workloads:
-
-* resnet50: `init` returns batch-norm statistics as `State`; `loss` updates them.
-* bert: the eval step returns per-example masked-LM hits and weights; sums.
-* ssd: the eval step returns per-image detections; `EvalSpec.host` turns them
-  into `EvalPart.rows`, which the harness concatenates across hosts before
-  `EvalSpec.compute` runs COCO evaluation once.
-* transformer: the eval step runs beam search; `EvalSpec.host` computes BLEU
-  n-gram statistics into `EvalPart.sums`, which are summed across hosts.
-* moe: `loss` adds auxiliary and router z-losses and reports them (and the
-  dropped-token fraction) as train metrics; `StepContext.mesh` gives the
-  expert-parallel dispatch its mesh; `flops_per_example` counts model FLOPs
-  without the dispatch einsums.
-* llama31_8b: data in Megatron `.bin`/`.idx` files, read through `InputSpec.examples`
-  in the order the format's sample index gives; `Schedule.gradient_accumulation_steps`
-  splits the global batch into sequential microbatches.
+The built-in workloads shaped it: batch-norm `State` (resnet50, ssd), detection rows
+gathered across hosts (ssd), summed BLEU statistics (transformer), auxiliary losses and
+a per-device dispatch over `StepContext.mesh` (moe), Megatron files via `InputSpec.examples`
+(llama31_8b), and reference starting points (`StartPoint`: bert, ssd).
 """
 
 from __future__ import annotations
@@ -40,16 +28,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-Config = Any
-"""A workload's own frozen config dataclass."""
-Params = Any
-"""A pytree of trainable arrays."""
-State = Any
-"""A pytree of non-trainable model state (e.g. batch-norm statistics), or {}."""
-Array = Any
-"""A jax.Array (inside jitted code) or numpy array."""
-Batch = Mapping[str, Any]
-"""A dict of arrays; every array has the batch as its leading axis."""
+Config = Any  # a workload's own frozen config dataclass
+Params = Any  # a pytree of trainable arrays
+State = Any  # a pytree of non-trainable model state (batch-norm statistics), or {}
+Array = Any  # a jax.Array (inside jitted code) or numpy array
+Batch = Mapping[str, Any]  # a dict of arrays, each with the batch as its leading axis
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +81,9 @@ class Schedule:
     eval_offset: every evaluation this much earlier than the rules' cadence puts
       it, in the rules' evaluation unit, up to their `max_offset` (the ResNet
       reference evaluates at epochs 2, 6, 10, ... with a cadence of 4).
+    epoch_steps: whole steps in an epoch as the reference counts them (ResNet
+      drops the remainder batch: 1,281,167 // 4,096 = 312), so evaluations fall
+      on multiples of it; 0: `train_examples / global_batch_size`, rounded up.
   """
 
   global_batch_size: int
@@ -107,6 +93,7 @@ class Schedule:
   max_train_samples: int
   gradient_accumulation_steps: int = 1
   eval_offset: float = 0.0
+  epoch_steps: int = 0
 
   @property
   def steps_per_epoch(self) -> float:
@@ -272,6 +259,16 @@ class InputSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class StartPoint:
+  """Weights the MLPerf reference trains from: a closed run under official rules is
+  refused without them, an open one logs that it starts from random weights."""
+
+  key: str     # the config field holding their path (`--init-checkpoint` sets it)
+  name: str    # what they are: "the phase-1 checkpoint model.ckpt-28252"
+  source: str  # where they come from, for the message that asks for them
+
+
+@dataclasses.dataclass(frozen=True)
 class Workload:
   """A benchmark plugin. Register it under the `mlbench.workloads` entry point.
 
@@ -310,6 +307,7 @@ class Workload:
       for a benchmark key that has named different models over the rounds
       (`ssd` is SSD-ResNet-34 up to 0.7.0 and RetinaNet from 1.1); empty: every
       ruleset with rules for `benchmark`. The mini ruleset is always allowed.
+    start: the reference's starting point, if it has one (see `StartPoint`).
   """
 
   name: str
@@ -328,6 +326,7 @@ class Workload:
   flops_per_example: Callable[[Config], float] | None = None
   default_config: str = "mini"
   rulesets: tuple[str, ...] = ()
+  start: StartPoint | None = None
 
 
 def lazy(target: str) -> Callable[..., Any]:

@@ -27,8 +27,9 @@ def data_group() -> None:
 @click.option("--dry-run", is_flag=True, help="Say what would be written, write nothing.")
 @click.option("--tokenizer", type=click.Path(path_type=Path),
               help="c4: the model's Hugging Face tokenizer.json.")
-@click.option("--eod", default="auto", show_default=True,
-              help="c4: end-of-document token appended to every document, or `none`.")
+@click.option("--eod", default="none", show_default=True,
+              help="c4: an end-of-document token to append to every document (a token, or "
+                   "`auto`); the reference appends none.")
 @click.option("--train-shards", type=click.IntRange(1),
               help="imagenet, coco: training TFRecord files. [default: the reference's, "
                    "1,024 and 100]")

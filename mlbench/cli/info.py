@@ -77,6 +77,7 @@ def _description(w, name, cfg, ruleset) -> dict:
       "ruleset": rule.ruleset,
       "quality": {"key": rule.quality.key, "target": rule.quality.target,
                   "direction": rule.quality.direction.value},
+      **({"references": references(w)} if name == "full" else {}),
   }
 
 
@@ -119,6 +120,43 @@ def _describe_one(console, w, name, cfg, ruleset) -> None:
   console.print(table)
   logged = {**harness_hparams(sched), **w.hparams(cfg, sched, ctx)}
   _describe_rule(console, rule, logged)
+  if name == "full":
+    _describe_references(console, w)
+
+
+def references(w) -> list[dict[str, str]]:
+  """The rows of the "Checked against the references" table in the README.md of the
+  workload's package: each full-config setting, the reference file and lines it was
+  checked against, and the commit."""
+  import importlib.resources
+
+  package = w.configs[w.default_config].__module__.rpartition(".")[0]
+  try:
+    text = importlib.resources.files(package).joinpath("README.md").read_text(encoding="utf-8")
+  except (ModuleNotFoundError, OSError):
+    return []
+  _, found, rest = text.partition("## Checked against the references")
+  rows = [[c.strip() for c in ln.strip().strip("|").split("|")]
+          for ln in rest.splitlines() if ln.startswith("|")] if found else []
+  if len(rows) < 2:
+    return []
+  return [dict(zip(rows[0], r)) for r in rows[2:]]  # rows[1] is the |---| line
+
+
+def _describe_references(console, w) -> None:
+  from rich.table import Table
+
+  rows = references(w)
+  if not rows:
+    console.print(f"{w.name} lists no references it was checked against", highlight=False)
+    return
+  table = Table(title=f"checked against the references ({w.name}'s README.md)",
+                title_justify="left")
+  for col in rows[0]:
+    table.add_column(col)
+  for r in rows:
+    table.add_row(*r.values())
+  console.print(table)
 
 
 def _describe_rule(console, rule, logged) -> None:

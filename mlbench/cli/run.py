@@ -22,8 +22,9 @@ from mlbench.pending import STALE_AFTER_S
               help="Override a config value, e.g. --set optimizer.base_learning_rate=8 "
                    "(repeatable; `mlbench describe` lists the keys).")
 @click.option("--init-checkpoint", metavar="PATH", envvar="MLBENCH_INIT_CHECKPOINT",
-              help="Start from these weights (BERT: the MLPerf phase-1 TensorFlow checkpoint "
-                   "model.ckpt-28252); the same as --set init_checkpoint=PATH.")
+              help="The weights the reference starts from (BERT: the MLPerf phase-1 TensorFlow "
+                   "checkpoint model.ckpt-28252; SSD: the ImageNet ResNet-34 backbone .npz), a "
+                   "file or gs://... . Closed full runs need it.")
 @click.option("--data-dir", metavar="DIR", envvar="MLBENCH_DATA_DIR",
               help="Dataset folder or bucket (gs://...); mini datasets are generated here. "
                    "[default: $MLBENCH_CACHE_DIR/data or ~/.cache/mlbench/data]")
@@ -94,8 +95,8 @@ def run_cmd(ctx: click.Context, workload: str, config_name: str | None,
     check.require_complete(data)
   from mlbench.train import runner  # Heavy: JAX, Flax, TensorFlow.
 
-  if init_checkpoint:  # a config key of the workloads that start from weights
-    overrides = (*overrides, f"init_checkpoint={init_checkpoint}")
+  if init_checkpoint:  # the config key of the workload's starting point
+    overrides = (*overrides, f"{_start_key(workload)}={init_checkpoint}")
   rc = RunConfig(workload=workload, config=config_name, overrides=tuple(overrides),
                  data_dir=data, results_dir=paths.path(results_dir, "--results-dir"),
                  system=system, seed=seed, runs=runs, ruleset=ruleset,
@@ -119,6 +120,18 @@ def run_cmd(ctx: click.Context, workload: str, config_name: str | None,
     _summary(plan, outcomes, console)
   good = all(o.result.success and (o.check is None or o.check.passed) for o in outcomes)
   return 0 if good else 1
+
+
+def _start_key(workload: str) -> str:
+  from mlbench import registry
+  from mlbench.errors import UserError
+
+  w = registry.get(workload)
+  if w.start is None:
+    have = [x.name for x in registry.all_workloads() if x.start is not None]
+    raise UserError(f"{workload} starts from random weights, as its reference does: it takes "
+                    f"no --init-checkpoint (workloads that do: {', '.join(have)})")
+  return w.start.key
 
 
 def _header(plan, console) -> None:

@@ -6,9 +6,16 @@ output folder, which is how NeMo's `preprocess_data_for_megatron.py --output-pre
 <name>` names it and how the workload's config names its files
 (`c4-train.en_6_text_document`, `c4-validation-91205-samples.en_text_document`). One
 document per line, one sequence per document, tokenised with the user's Hugging Face
-`tokenizer.json` (no special tokens added) and, like the reference's `--append-eod`,
-followed by the end-of-document token. Token ids are uint16 when the vocabulary fits,
-int32 otherwise (Megatron's rule). Nothing is downloaded.
+`tokenizer.json`, exactly as the reference writes them: no special token added, no
+end-of-document token appended, and a document with no tokens left out. The reference
+runs NeMo's script without `--append-eod` (mlcommons/training aa344c7f
+small_llm_pretraining/nemo/utils/preprocess.sh L19-23 and L29-33), whose flag is off by
+default and whose Hugging Face tokenizer adds no special tokens (NVIDIA/NeMo v2.1.0,
+633cb602: scripts/nlp_language_modeling/preprocess_data_for_megatron.py L181-182, L240,
+L348-349; nemo/collections/common/tokenizers/huggingface/auto_tokenizer.py L203-204,
+L222-225). `--eod TOKEN` (or `auto`) appends one anyway, for other models' data. Token
+ids are uint16 when the vocabulary fits, int32 otherwise (Megatron's rule). Nothing is
+downloaded.
 """
 
 from __future__ import annotations
@@ -78,9 +85,9 @@ def load_tokenizer(path: Path, eod: str | None) -> tuple[int, int | None]:
   except Exception as e:  # noqa: BLE001 - the Rust library raises plain Exception
     raise UserError(f"--tokenizer {path} is not a Hugging Face tokenizer.json ({e})") from None
   vocab = tok.get_vocab_size(with_added_tokens=True)
-  if eod == "none":
+  if eod in (None, "none"):  # the reference: no end-of-document token
     return vocab, None
-  names = EOD_CANDIDATES if eod in (None, "auto") else (eod,)
+  names = EOD_CANDIDATES if eod == "auto" else (eod,)
   for name in names:
     if (i := tok.token_to_id(name)) is not None:
       return vocab, i
@@ -110,6 +117,8 @@ def _documents(task: Task, counts: list[int]) -> Iterator[np.ndarray]:
 
 def _encode(tok, batch: list[str], tail: list[int], counts: list[int]) -> Iterator[np.ndarray]:
   for enc in tok.encode_batch(batch, add_special_tokens=False) if batch else []:
+    if not enc.ids:  # NeMo writes no document for a text without tokens
+      continue
     ids = np.asarray(enc.ids + tail)
     counts[0] += ids.size
     yield ids

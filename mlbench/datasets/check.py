@@ -5,16 +5,21 @@ whether they agree. Expectations come from the folder's manifest when `mlbench d
 prepare` wrote it (files, sizes, records per file, sha256), and otherwise from the
 reference's published numbers (ImageNet: 1,024 training files of 1,281,167 images
 and 128 validation files of 50,000; COCO: 100 files of the 117,266 training images
-with annotations and 50 of the 5,000 validation images; BERT: 500 training files and an evaluation set
-of 10,000). The quick checks (files, sizes, the index of every Megatron dataset and
-one record's schema) read almost nothing; `full` also counts every record and
-recomputes the checksums.
+with annotations and 50 of the 5,000 validation images; BERT: 500 training files and an
+evaluation set of 10,000; WMT: training records of one form, packed or one pair each, and
+the 3,003 raw sentences of newstest2014 the reference scores BLEU on). The quick checks
+(files, sizes, the index of every Megatron dataset and one record's schema, the first
+record of every WMT training file) read almost nothing; `full` also counts every record
+and recomputes the checksums (the newstest2014 files' md5, as the reference's
+verify_dataset.sh).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import fnmatch
+import hashlib
 import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -59,8 +64,8 @@ TFRECORDS = {
              SplitSpec("val", ("coco_val.record-*", "val-*"), 50, 5_000, _COCO)),
     "bert": (SplitSpec("train", ("part-*",), 500, None, _BERT),
              SplitSpec("eval", ("eval_10k", "eval-*"), None, 10_000, _BERT)),
-    "wmt": (SplitSpec("train", ("*train*",), None, None, {"inputs": INT, "targets": INT}),
-            SplitSpec("dev", ("*dev*",), None, None, {"inputs": INT, "targets": INT})),
+    "wmt": (SplitSpec("train", ("*train*-of-*",), None, None, {"inputs": INT, "targets": INT}),
+            SplitSpec("dev", ("*dev*-of-*",), None, None, {"inputs": INT, "targets": INT})),
 }
 DATASETS = tuple(TFRECORDS) + ("c4",)
 
@@ -85,7 +90,7 @@ def _verify(dataset: str, folder: paths.Path, full: bool) -> list[Row]:
     raise UserError(f"unknown dataset {dataset!r}; choose from {', '.join(DATASETS)}")
   for spec in TFRECORDS[dataset]:
     rows += _split_rows(folder, spec, manifest, full)
-  return rows
+  return rows + (_wmt_rows(folder, full) if dataset == "wmt" else [])
 
 
 def _manifest_rows(manifest: dict | None) -> list[Row]:
@@ -144,11 +149,15 @@ def _numbering_rows(name: str, files: list[paths.Path]) -> list[Row]:
   counts = {int(m.group(2)) for m in numbered}
   indices = {int(m.group(1)) for m in numbered}
   total = max(counts)
-  missing = sorted(set(range(total)) - indices)
+  # From 0 (create_coco_tf_record, imagenet_to_gcs) or from 1 (the Transformer reference's
+  # process_data.py L319-323: wmt32k-encoded-train-00001-of-00100 ... 00100-of-00100).
+  base = 1 if min(indices) == 1 and total in indices else 0
+  missing = sorted(set(range(base, total + base)) - indices)
   found = "all" if not missing and len(counts) == 1 else (
       f"missing {', '.join(map(str, missing[:5]))}{'...' if len(missing) > 5 else ''}"
       if missing else f"mixed counts {sorted(counts)}")
-  return [Row(f"{name} numbering", f"0..{total - 1} of {total}", found, found == "all")]
+  return [Row(f"{name} numbering", f"{base}..{total - 1 + base} of {total}", found,
+              found == "all")]
 
 
 def _sizes_row(name: str, folder: paths.Path, listed: dict[str, dict]) -> Row:
@@ -188,6 +197,42 @@ def _schema_row(spec: SplitSpec, path: paths.Path) -> Row:
            if kinds.get(k) != v]
   return Row(f"{spec.name} schema", want, "as expected" if not wrong else
              "wrong: " + ", ".join(wrong), not wrong)
+
+
+def _wmt_rows(folder: paths.Path, full: bool) -> list[Row]:
+  """Which form the training records are (packed or one pair each, never both: the
+  epoch is their count), and the raw newstest2014 the reference scores BLEU on."""
+  from workloads.transformer import config, input_pipeline, newstest
+
+  forms = collections.Counter(_form(input_pipeline.record_format, p)
+                              for p in _files(folder, ("*train*-of-*",)))
+  forms.pop(None, None)  # empty files
+  forms.pop("unreadable", None)  # the schema row names the file
+  rows = [Row("train form", "packed or unpacked, not both", ", ".join(
+      f"{k} ({v} files)" for k, v in sorted(forms.items())) or "no records",
+      (len(forms) == 1 and "partial" not in forms) if forms else None)]
+  n = config.full().data.eval_examples
+  for name, read in ((newstest.SOURCE, newstest.source_lines),
+                     (newstest.REFERENCE, newstest.reference_lines)):
+    path = folder / name
+    lines = len(read(path)) if path.is_file() else None
+    rows.append(Row(name, f"{n:,} sentences", "missing" if lines is None else f"{lines:,}",
+                    lines == n))
+    if full and lines is not None:
+      digest = hashlib.md5(path.read_bytes()).hexdigest()
+      rows.append(Row(f"{name} md5", newstest.MD5[name], digest, digest == newstest.MD5[name]))
+  return rows
+
+
+def _form(record_format, path: paths.Path) -> str | None:
+  from google.protobuf.message import DecodeError
+
+  from mlbench.datasets import records
+
+  try:
+    return record_format(str(path))
+  except (records.tf().errors.OpError, DecodeError):
+    return "unreadable"
 
 
 def _c4_rows(folder: paths.Path, manifest: dict | None, full: bool) -> list[Row]:

@@ -8,14 +8,16 @@ annotations), `image/filename`, `image/source_id` (the COCO id, as text),
 `image/key/sha256`, `image/encoded`, `image/format`; per box, normalised
 `image/object/bbox/{xmin,xmax,ymin,ymax}`, `image/object/class/label` (the COCO
 category id: the workload maps ids to its classes), `image/object/class/text`,
-`image/object/is_crowd` and `image/object/area`. Boxes with no width or height or
-reaching past the image are skipped, as that script skips them.
+`image/object/is_crowd` and `image/object/area`.
 
-Filtering as the MLPerf SSD reference's COCODetection: a training image without any
-annotation (crowd ones count) is dropped; validation keeps every image, since the
-COCO evaluation scores them all. Crowd boxes are written with `is_crowd` 1: the
-workload's training decode drops them and its evaluation keeps them, as the reference
-and pycocotools do.
+Boxes and images as the MLPerf SSD reference's COCODetection takes them (mlcommons/training
+aa344c7f retired_benchmarks/ssd-v1/ssd/utils.py): every annotation's box is kept, one with
+no width or height and one reaching past the image included (L544-550 append them all;
+L591-598 only divide by the image size), where create_coco_tf_record.py would skip them;
+a training image without any annotation (crowd ones count) is dropped (L552-555);
+validation keeps every image, since the COCO evaluation scores them all. Crowd boxes are
+written with `is_crowd` 1: the workload trains on them like any other, as the reference
+(which never reads `iscrowd`), and its evaluation hands the flag to pycocotools.
 """
 
 from __future__ import annotations
@@ -88,8 +90,6 @@ def _boxes(image: dict, annotations: list[dict], names: dict[int, str]) -> dict[
                                           "crowd", "area")}
   for a in annotations:
     x, y, bw, bh = (float(v) for v in a["bbox"])
-    if bw <= 0 or bh <= 0 or x + bw > w or y + bh > h:
-      continue  # create_coco_tf_record skips these
     out["xmin"].append(x / w)
     out["xmax"].append((x + bw) / w)
     out["ymin"].append(y / h)

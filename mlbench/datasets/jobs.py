@@ -17,7 +17,8 @@ ELSEWHERE = {
             "output, published by MLCommons; see mlcommons/training "
             "language_model/tensorflow/bert), then `mlbench data verify bert DIR`",
     "wmt": "the WMT English-German set as the reference's data_download.py prepares it "
-           "(mlcommons/training translation/tensorflow), then `mlbench data verify wmt DIR`",
+           "(mlcommons/training translation/tensorflow), with the newstest2014.en/.de its "
+           "download_data.sh fetches beside it, then `mlbench data verify wmt DIR`",
 }
 
 

@@ -18,7 +18,7 @@ from mlbench.train import data, mesh as mesh_lib
 from mlbench.config import Division, InputMode, RunConfig
 from mlbench.errors import UserError, choices
 from mlbench.train.runtime import Runtime
-from mlbench.workload import Schedule, StepContext, Workload
+from mlbench.workload import Schedule, Split, StartPoint, StepContext, WithMetadata, Workload
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +66,9 @@ def eval_points(schedule: Schedule, rule: rules.Rule) -> tuple[Point, ...]:
   training budget, which always ends with one."""
   ev = rule.evaluation
   per_unit = schedule.train_examples if ev.unit is rules.Unit.EPOCHS else 1
+  # Samples per unit as steps count them: whole epochs of `epoch_steps` where given.
+  if ev.unit is rules.Unit.EPOCHS and schedule.epoch_steps:
+    per_unit = schedule.epoch_steps * schedule.global_batch_size
   offset = schedule.eval_offset
   if not 0 <= offset <= ev.max_offset:
     raise UserError(f"an evaluation offset of {offset:g} {ev.unit.value} is outside the "
@@ -88,6 +91,8 @@ def _point(schedule: Schedule, rule: rules.Rule, step: int, nominal: float | Non
     epoch = float(samples)
   elif nominal is not None and rule.evaluation.unit is rules.Unit.EPOCHS:
     epoch = float(nominal)
+  elif schedule.epoch_steps:
+    epoch = round(step / schedule.epoch_steps, 3)
   else:
     epoch = round(samples / schedule.train_examples, 3)
   return Point(step, int(epoch) if epoch.is_integer() else epoch, samples)
@@ -133,7 +138,8 @@ def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | Non
   mesh = mesh_lib.make_mesh(dict(rc.mesh) if rc.mesh else None, devices=runtime.devices)
   _check_batches(schedule, runtime, mesh)
   ctx = StepContext(mesh=mesh, bn_groups=_bn_groups(rc.bn_group_size, mesh, schedule))
-  hparams = {**harness_hparams(schedule), **workload.hparams(cfg, schedule, ctx)}
+  hparams = {**harness_hparams(schedule), **_random_start(workload.start, cfg),
+             **workload.hparams(cfg, schedule, ctx)}
   problems = rule.problems(hparams, closed=rc.division is Division.CLOSED)
   if problems:
     raise UserError(f"{workload.name} ({name}) breaks the {rule.ruleset} {rule.benchmark} rules: "
@@ -149,6 +155,47 @@ def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | Non
               hparams=hparams, system=system, system_desc=description, data_dir=rc.data_dir,
               points=eval_points(schedule, rule),
               pipeline=data.PipelineOptions(deterministic=rc.input_mode is InputMode.DETERMINISTIC))
+
+
+def start_path(start: StartPoint | None, cfg: Any) -> str:
+  """The path a config gives for the workload's starting point ("" for none)."""
+  return str(config_lib.flatten(cfg).get(start.key) or "") if start else ""
+
+
+def _random_start(start: StartPoint | None, cfg: Any) -> dict[str, Any]:
+  """A run without the reference's starting point says so in its log."""
+  if start is None or start_path(start, cfg):
+    return {}
+  return {"weights_initialization": WithMetadata("random", {"reference_starts_from": start.name})}
+
+
+def check_inputs(plan: Plan) -> None:
+  """Refuses a run that lacks what it reads, before any compile, in one message: its data
+  and, for a closed run under official rules, the reference's starting point."""
+  missing = []
+  for split in (Split.TRAIN, Split.EVAL):
+    try:
+      plan.workload.input.files(plan.cfg, plan.data_dir, split)
+    except UserError as e:
+      missing.append(str(e))
+      break  # the message names the whole layout
+  start = _start_problem(plan)
+  if start is None and missing:
+    raise UserError(missing[0])
+  if start is not None:
+    raise UserError(f"{plan.workload.name} ({plan.config_name}) cannot start; missing: "
+                    + "; and ".join([*missing, start]))
+
+
+def _start_problem(plan: Plan) -> str | None:
+  start = plan.workload.start
+  path = start_path(start, plan.cfg)
+  if path and "://" not in path and not (Path(path).exists() or Path(path + ".index").exists()):
+    return f"{start.name}: {path} does not exist ({start.source})"
+  if start and not path and plan.rule.official and plan.rc.division is Division.CLOSED:
+    return (f"{start.name}, which the closed division requires (--init-checkpoint PATH; "
+            f"{start.source}; or --division open to start from random weights)")
+  return None
 
 
 PRECISION_KEY = "model.dtype"

@@ -26,9 +26,8 @@ from mlbench.train import checkpoint, loop, peers, runtime as runtime_lib, signa
 from mlbench.config import RunConfig
 from mlbench.errors import Interrupted, UserError
 from mlbench.mllog import MLLog
-from mlbench.train.plan import Plan, make_plan
+from mlbench.train.plan import Plan, check_inputs, make_plan
 from mlbench.train.progress import RunProgress
-from mlbench.workload import Split
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,11 +79,10 @@ def prepare(rc: RunConfig) -> Plan:
   if plan.workload.input.prepare is not None:
     with paths.errors("cannot write the dataset under --data-dir", rc.data_dir):
       plan.workload.input.prepare(plan.cfg, rc.data_dir)
-  # Listing the files is not reading them: a missing dataset fails here, before
-  # anything is written, instead of after run_start.
+  # Listing the files is not reading them: a missing dataset (or starting point) fails
+  # here, before anything is written, instead of after run_start.
   with paths.errors("--data-dir", rc.data_dir):
-    for split in (Split.TRAIN, Split.EVAL):
-      plan.workload.input.files(plan.cfg, rc.data_dir, split)
+    check_inputs(plan)
     if plan.workload.input.bind is not None:
       plan = dataclasses.replace(plan, cfg=plan.workload.input.bind(plan.cfg, rc.data_dir))
   if not runtime.is_leader:

@@ -135,14 +135,28 @@ def _rcp(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str,
     return None, None
   result = tools.call(official._tool_rcp, str(bench.folder), usage, ruleset, False)
   if result.error:
-    return f"Error: {result.error}", None
+    return rcp_verdict(f"Error: {result.error}"), None
   r = result.value
   if r["passed"]:
     return "Pass", r["factor"]
-  verdicts = {"RCP found": "Fail", "RCP Interpolation": "Interp. Fail",
-              "Cannot find any RCPs": "No RCP"}
-  return verdicts.get(r["message"], "Missing" if "Missing" in r["message"] else r["message"]), \
-      r["factor"]
+  return rcp_verdict(r["message"]), r["factor"]
+
+
+RCP_VERDICTS = {"RCP found": "Fail", "RCP Interpolation": "Interp. Fail",
+                "Cannot find any RCPs": "No RCP", "Insufficient convergence": "Too few converged",
+                "Could not detect global_batch_size": "No batch size"}
+"""rcp_checker.check_directory's failure messages (mlperf-logging 4.1.68 L531-559)."""
+
+
+def rcp_verdict(message: object, width: int = 60) -> str:
+  """A failed RCP check as one short line: a known message's verdict, any other text with
+  its whitespace (newlines, tracebacks) collapsed and cut to `width` characters."""
+  text = " ".join(str(message).split())
+  if text in RCP_VERDICTS:
+    return RCP_VERDICTS[text]
+  if text.startswith("Missing RCP"):
+    return "Missing"
+  return text if len(text) <= width else text[:width - 1].rstrip() + "…"
 
 
 def _scaling(folder: Path) -> float:

@@ -54,8 +54,8 @@ def test_a_bad_request_is_one_line_on_stderr_with_exit_code_2(mlbench):
     (["run", "ssd", "--ruleset", "4.0.0"],
      "error: ssd does not implement the 4.0.0 ssd benchmark; choose --ruleset from: 0.7.0, mini"),
     (["run", "transformer", "--config", "full", "--data-dir", "/nonexistent/wmt"],
-     "error: no *train* TFRecord files in /nonexistent/wmt; point --data-dir at the MLPerf WMT "
-     "en-de TFRecords (*train*, *dev*)"),
+     "error: no *train*-of-* TFRecord files in /nonexistent/wmt; point --data-dir at the MLPerf WMT "
+     "en-de TFRecords (*train*), their vocabulary and newstest2014.en/.de"),
     (["run"], "error: Missing argument 'WORKLOAD'. (see `mlbench run --help`)"),
     (["run", "resnet50", "--mesh", "data=3"], "error: mesh {'data': 3} needs 3 devices, there "
                                               "are 8"),

@@ -66,12 +66,11 @@ def test_c4_is_tokenised_into_megatron_datasets_the_workload_reads(raw, tmp_path
   out = tmp_path / "out"
   assert _prepare(raw_dir, out, tok_path, "--workers", "1") == 0
   tok = Tokenizer.from_file(str(tok_path))
-  eod = tok.token_to_id("<|end_of_text|>")
   for name, lines in texts.items():
     ds = indexed.IndexedDataset(out / f"{name}_text_document")
     assert ds.dtype == np.uint16 and len(ds) == len(lines)
-    for i in (0, len(lines) // 2, len(lines) - 1):
-      assert ds.get(i).tolist() == tok.encode(lines[i], add_special_tokens=False).ids + [eod]
+    for i in (0, len(lines) // 2, len(lines) - 1):  # as NeMo's script without --append-eod
+      assert ds.get(i).tolist() == tok.encode(lines[i], add_special_tokens=False).ids
   manifest = json.loads((out / "mlbench-data.json").read_text())
   assert manifest["records"] == sum(map(len, texts.values())) and manifest["complete"]
   _one_batch_through_the_workload(out)
@@ -92,6 +91,27 @@ def _one_batch_through_the_workload(out: Path) -> None:
   assert batch["tokens"].max() < 300
   evals = input_pipeline.examples(cfg, out, Split.EVAL, seed=3)
   assert len(evals) == 16
+
+
+def test_tokens_are_the_references_and_an_end_of_document_token_only_on_request(raw, tmp_path):
+  """The reference's preprocess.sh runs NeMo's preprocess_data_for_megatron.py without
+  --append-eod, and NeMo writes no document for a text with no tokens (v2.1.0 L181-182,
+  L348-349): the token stream is the documents' tokens back to back, nothing between."""
+  from tokenizers import Tokenizer
+
+  from workloads.llama31_8b import indexed
+  tok_path = raw[1]
+  texts = ["the quick fox", "", "a lazy dog"]
+  (tmp_path / "raw").mkdir()
+  (tmp_path / "raw" / "c4-train.en_6.json").write_text(
+      "".join(json.dumps({"text": t}) + "\n" for t in texts))
+  tok = Tokenizer.from_file(str(tok_path))
+  want = [tok.encode(t, add_special_tokens=False).ids for t in texts if t]
+  for extra, tail in ((), []), (("--eod", "auto"), [tok.token_to_id("<|end_of_text|>")]):
+    out = tmp_path / f"out{len(tail)}"
+    assert _prepare(tmp_path / "raw", out, tok_path, "--workers", "1", *extra) == 0
+    ds = indexed.IndexedDataset(out / "c4-train.en_6_text_document")
+    assert [ds.get(i).tolist() for i in range(len(ds))] == [w + tail for w in want]
 
 
 def test_an_interrupted_prepare_resumes_byte_identically(raw, tmp_path, capsys):

@@ -1,6 +1,6 @@
 """`mlbench data prepare coco`: a tiny COCO 2017 tree written here (crowd boxes, a box
-past the image, images without annotations), converted, verified, and decoded by the
-ssd workload's own pipeline."""
+past the image, one without width, images without annotations), converted, verified, and
+decoded by the ssd workload's own pipeline."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def prepared(tmp_path_factory) -> Path:
   _split(root / "raw", "train2017", {
       9: [([10, 5, 30, 20], 1, 0), ([0, 0, 80, 60], 18, 1)],  # a crowd box
       25: [],                                                  # no annotation: dropped
-      30: [([50, 40, 40, 30], 90, 0), ([5, 5, 10, 10], 18, 0)],  # the first reaches past
+      30: [([50, 40, 40, 30], 90, 0), ([5, 5, 10, 10], 18, 0),  # the first reaches past
+           ([7, 8, 0, 12], 1, 0)],                                # no width
       42: [([0, 0, 40, 60], 1, 1)],                            # only a crowd box: kept
   }, rng)
   _split(root / "raw", "val2017", {139: [([1, 2, 3, 4], 1, 0)], 285: [],
@@ -71,7 +72,14 @@ def test_training_drops_unannotated_images_and_keeps_crowd_flags(prepared):
   np.testing.assert_allclose(f["image/object/bbox/xmin"].float_list.value, [10 / 80, 0])
   np.testing.assert_allclose(f["image/object/bbox/ymax"].float_list.value, [25 / 60, 1])
   np.testing.assert_allclose(f["image/object/area"].float_list.value, [420, 3360])
-  assert list(train["30"]["image/object/class/label"].int64_list.value) == [18]  # one skipped
+  # Degenerate boxes are kept as the reference's COCODetection keeps them (utils.py
+  # L544-550, L591-598): past the image (xmax 90/80) and with no width, normalised only.
+  f = train["30"]
+  assert list(f["image/object/class/label"].int64_list.value) == [90, 18, 1]
+  np.testing.assert_allclose(f["image/object/bbox/xmax"].float_list.value,
+                             [90 / 80, 15 / 80, 7 / 80])
+  np.testing.assert_allclose(f["image/object/bbox/ymax"].float_list.value,
+                             [70 / 60, 15 / 60, 20 / 60])
 
 
 def test_validation_keeps_every_image(prepared):

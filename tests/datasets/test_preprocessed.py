@@ -37,7 +37,13 @@ def test_verify_bert_holds_it_to_the_reference(tmp_path, capsys):
   assert "check(s) failed: train files, train numbering, eval records" in out.err
 
 
+def _newstest(folder, lines=3003):
+  for name in ("newstest2014.en", "newstest2014.de"):
+    (folder / name).write_text("".join(f"sentence {i}\n" for i in range(lines)))
+
+
 def test_verify_wmt_finds_a_wrong_feature_type(tmp_path, capsys):
+  _newstest(tmp_path)
   good = records.serialize({"inputs": np.array([5, 6, 1], np.int64),
                             "targets": np.array([7, 1], np.int64)})
   records.write(tmp_path / "translate_ende_wmt32k-train-00000-of-00001", [good])
@@ -52,3 +58,33 @@ def test_verify_wmt_finds_a_wrong_feature_type(tmp_path, capsys):
   (tmp_path / "translate_ende_wmt32k-train-00000-of-00001").write_bytes(b"\x00" * 40)
   assert main(["data", "verify", "wmt", str(tmp_path)]) == 1
   assert "translate_ende_wmt32k-train-00000-of-00001: DataLossError" in capsys.readouterr().out
+
+
+def _pair(packed: bool) -> bytes:
+  row = {"inputs": np.array([5, 6, 1], np.int64), "targets": np.array([7, 1], np.int64)}
+  if packed:
+    row |= {f"{side}_{k}": np.array([1] * n if k == "segmentation" else list(range(n)), np.int64)
+            for side, n in (("inputs", 3), ("targets", 2)) for k in ("segmentation", "position")}
+  return records.serialize(row)
+
+
+def test_verify_wmt_says_which_form_it_found_and_refuses_both(tmp_path, capsys):
+  """The reference's process_data.py writes one pair per record, numbered from 1
+  (wmt32k-encoded-train-00001-of-00002); Google's are packed. An epoch is a record count,
+  so one folder must not mix them. BLEU needs newstest2014's 3,003 raw sentences."""
+  _newstest(tmp_path, 3002)
+  for i in (1, 2):
+    records.write(tmp_path / f"wmt32k-encoded-train-0000{i}-of-00002", [_pair(False)] * 2)
+  (tmp_path / "wmt32k-compiled-train.lang1").write_text("not a record\n")
+  assert main(["data", "verify", "wmt", str(tmp_path)]) == 1
+  out = capsys.readouterr()
+  assert "unpacked (2 files)" in out.out and "1..2 of 2" in out.out
+  assert "check(s) failed: newstest2014.en, newstest2014.de" in out.err
+  _newstest(tmp_path)
+  assert main(["data", "verify", "wmt", str(tmp_path)]) == 0
+  records.write(tmp_path / "wmt32k-encoded-train-00002-of-00002", [_pair(True)])
+  capsys.readouterr()
+  assert main(["data", "verify", "wmt", str(tmp_path)]) == 1
+  out = capsys.readouterr()
+  assert "packed (1 files), unpacked (1 files)" in out.out
+  assert "check(s) failed: train form" in out.err

@@ -66,6 +66,10 @@ def test_the_llama_mini_run_reaches_its_target_with_a_compliant_log(
   assert [d["metadata"]["samples_count"] for d in evals] == [every * (i + 1)
                                                               for i in range(len(evals))]
   assert evals[-1]["value"] <= rule.quality.target < min(d["value"] for d in evals[:-1])
+  # train_samples: the samples consumed, once, at the end (the reference's callbacks.py
+  # L198-202), not the budget.
+  assert [d["value"] for d in lines if d["key"] == "train_samples"] == [
+      evals[-1]["metadata"]["samples_count"]]
 
 
 def _train(workload, mesh_shape, steps_n=3):

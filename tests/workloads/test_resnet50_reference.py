@@ -143,10 +143,15 @@ def test_the_full_config_evaluates_at_the_references_epochs():
   # resnet-tf2 README L110-112 (--epochs_between_evals=4 --eval_offset_epochs=2) and
   # resnet_ctl_imagenet_main.py L184-188: the first evaluation after 2 epochs, then every 4;
   # the 4.0.0 rules allow evaluations up to 3 epochs early.
+  # In whole steps, the remainder batch dropped (common.py L635-639; L165, L181-188 and
+  # L212 of the main): 312 steps an epoch, evaluations at step 624 (not 626), then every
+  # 1,248, the budget 312 * 42 = 13,104 steps (not 13,137).
   cfg = config.full()
-  points = plan.eval_points(WORKLOAD.schedule(cfg), rules.load("resnet", "4.0.0"))
+  sched = WORKLOAD.schedule(cfg)
+  points = plan.eval_points(sched, rules.load("resnet", "4.0.0"))
   assert [p.epoch for p in points] == list(range(2, 43, 4))  # 2, 6, ..., 42 (the budget)
-  assert points[0].step == -(-2 * 1_281_167 // 4096)  # rounded up to a whole batch
+  assert [p.step for p in points] == [1_281_167 // 4096 * e for e in range(2, 43, 4)]
+  assert points[0].step == 624 and sched.max_steps == points[-1].step == 13_104
 
 
 def test_an_offset_beyond_the_rules_is_refused():

@@ -6,7 +6,7 @@ MLPerf-schema TFRecords with its own WordPiece vocabulary and read by the same
 pipeline code.
 """
 
-from mlbench.workload import EvalSpec, InputSpec, Workload, lazy
+from mlbench.workload import EvalSpec, InputSpec, StartPoint, Workload, lazy
 from workloads.bert import config
 
 _TRAIN = "workloads.bert.train"
@@ -28,4 +28,10 @@ WORKLOAD = Workload(
     hparams=lazy(f"{_TRAIN}:hparams"),
     partition_rules=lazy(f"{_TRAIN}:partition_rules"),
     flops_per_example=lazy(f"{_TRAIN}:flops_per_example"),
+    # Phase 2 starts from the phase-1 checkpoint (mlcommons/training aa344c7f
+    # retired_benchmarks/bert/README.md L5-9 and L193 `--init_checkpoint`).
+    start=StartPoint(
+        key="init_checkpoint", name="the phase-1 checkpoint model.ckpt-28252",
+        source="the tf1_ckpt folder of the MLPerf BERT input files, downloaded as "
+               "mlcommons/training retired_benchmarks/bert/README.md says"),
 )

@@ -104,8 +104,8 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-  """AdamW (beta 0.9/0.95, epsilon 1e-5, weight decay 0.1 on matrices only, as
-  Megatron's optimizer) with gradients clipped to global norm 1.0, the learning rate
+  """AdamW (beta 0.9/0.95, epsilon 1e-5, weight decay 0.1 on kernels and embeddings, none
+  on norm scales, as Megatron's parameter groups) with gradients clipped to global norm 1.0, the learning rate
   warmed up linearly over `warmup_steps` and decayed by a half cosine to
   `end_learning_rate` at `max_steps` (NeMo's CosineAnnealing, min_lr = 0.1 x max_lr).
   The defaults are the reference convergence points' for batch 32 (8e-4, 4,096

@@ -7,8 +7,9 @@ language reference's help texts (`pydoc_data.topics`, one document per topic), a
 2 M characters in all, shipped with every CPython. Every `EVAL_EVERY`-th document is
 held out as the validation set. A byte-level BPE vocabulary (Hugging Face
 `tokenizers`; no unknown tokens) is trained on the training documents only; each
-document is written as its ids followed by `<|endoftext|>` (NeMo's --append-eod),
-into `train_text_document.{bin,idx}` and `validation_text_document.{bin,idx}` with
+document is written as its ids followed by `<|endoftext|>` (NeMo's --append-eod, which
+the reference's C4 does without: the mini's own choice, which keeps its short documents
+apart), into `train_text_document.{bin,idx}` and `validation_text_document.{bin,idx}` with
 `tokenizer.json` beside them. Samples are then built from these files exactly as from
 the reference's C4 (`indexed.py`). Written once, atomically; later runs reuse it.
 """

@@ -21,8 +21,9 @@ PRECISION = {DType.FLOAT32: "fp32", DType.BFLOAT16: "bfloat16"}
 
 def schedule(cfg: LlamaConfig) -> Schedule:
   """The budget is `train_budget_steps` (or the schedule's `max_steps`). The data has no
-  epochs a run could finish (the reference samples 1.2 M steps' worth), so, as the MLPerf
-  LLM benchmarks do, train_samples is logged as the budget."""
+  epochs a run could finish (the reference samples 1.2 M steps' worth); the logged
+  train_samples is the samples the run consumed, at its end (the rules'
+  `train_samples: converged`, as the reference's callback logs it)."""
   budget = (cfg.train_budget_steps or cfg.optimizer.max_steps) * cfg.global_batch_size
   return Schedule(global_batch_size=cfg.global_batch_size, eval_batch_size=cfg.eval_batch_size,
                   train_examples=budget, eval_examples=cfg.data.eval_examples,
@@ -87,14 +88,33 @@ def learning_rate(cfg: LlamaConfig) -> optax.Schedule:
   return lr
 
 
+UNDECAYED = ("scale", "bias")
+"""Parameter names that get no weight decay: norm scales and biases."""
+
+
+def decay_mask(params: Any) -> Any:
+  """True for the parameters AdamW decays, by their role, not their rank.
+
+  Megatron's parameter groups, which NeMo's optimizer uses as they are, exempt norms
+  and biases: `no_wd = name.endswith(".bias") or len(param.shape) == 1`
+  (NVIDIA/Megatron-LM core_r0.11.0, 7c00175e, megatron/core/optimizer/__init__.py
+  L90-94; NeMo v2.1.0, 633cb602, nemo/lightning/pytorch/optim/megatron.py L53 and L104
+  pass no_weight_decay_cond=None). There every layer's tensors are separate, so rank 1
+  means a norm or a bias; here `scan_layers` stacks them, so an RMSNorm scale is
+  [layers, width] and only its name says what it is.
+  """
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: getattr(path[-1], "key", None) not in UNDECAYED, params)
+
+
 def optimizer(cfg: LlamaConfig, sched: Schedule) -> optax.GradientTransformation:
-  """Clip by global norm, then AdamW; weight decay on matrices only (Megatron exempts
-  norms and biases)."""
+  """Clip by global norm, then AdamW with weight decay on every kernel and embedding,
+  none on norm scales (`decay_mask`)."""
   del sched
   o = cfg.optimizer
   return optax.chain(optax.clip_by_global_norm(o.clip_norm),
                      optax.adamw(learning_rate(cfg), b1=o.beta_1, b2=o.beta_2, eps=o.epsilon,
-                                 weight_decay=o.weight_decay, mask=optim.kernel_mask))
+                                 weight_decay=o.weight_decay, mask=decay_mask))
 
 
 def _mesh_size(ctx: StepContext, axis: str) -> int:

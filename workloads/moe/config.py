@@ -22,6 +22,13 @@ class DType(enum.Enum):
   BFLOAT16 = "bfloat16"
 
 
+class SecondExpert(enum.Enum):
+  """How top-2 routing dispatches a token's second expert in training."""
+
+  RANDOM = "random"  # with probability min(1, 2 x its normalised gate): GShard's
+  ALL = "all"        # always (capacity permitting)
+
+
 @dataclasses.dataclass(frozen=True)
 class MoeConfig:
   """The Mixture-of-Experts feed-forward of every `every`-th layer (GShard: every other).
@@ -37,6 +44,8 @@ class MoeConfig:
       `moe_aux_loss_coeff`), per MoE layer.
     z_loss_coeff: weight of ST-MoE's router z-loss, per MoE layer.
     every: layers i with i % every == every - 1 are MoE layers (2: layers 1, 3, ...).
+    second_expert: GShard's random dispatch of the second expert in training, or
+      always; evaluation always dispatches it (it has no random key).
   """
 
   num_experts: int = 64
@@ -47,6 +56,7 @@ class MoeConfig:
   aux_loss_coeff: float = 1e-2
   z_loss_coeff: float = 1e-3
   every: int = 2
+  second_expert: SecondExpert = SecondExpert.RANDOM
 
 
 @dataclasses.dataclass(frozen=True)

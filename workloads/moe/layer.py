@@ -5,10 +5,13 @@ Routing (`route`) follows GShard's Algorithm 1 (Lepikhin et al. 2020) as the
 Lingvo/praxis `top2_gating` implements it: router logits and softmax in
 float32; the first expert is the argmax, the second the argmax with the first
 masked out; the two gates are renormalised to sum to 1 before any token is
-dropped; each expert takes at most C = ceil(capacity_factor * k * S / E)
-tokens per group, positions are given in token order, and every first choice
-is served before any second choice. Top-1 (Switch Transformer) keeps the raw
-router probability as its gate. A token an expert cannot take gets nothing from
+dropped; given uniform numbers, the second expert is dispatched only where one is
+below 2 x its gate (GShard's random routing, Algorithm 1; Lingvo's policy 'random' at
+threshold 0.5, tensorflow/lingvo e0be5dc4 lingvo/core/gshard_layers.py L2272-2290), a
+token that loses it keeping its first expert's share; each expert takes at most
+C = ceil(capacity_factor * k * S / E) tokens per group, positions are given in
+token order, and every first choice is served before any second choice. Top-1
+(Switch Transformer) keeps the raw router probability as its gate. A token an expert cannot take gets nothing from
 it; a token no expert takes passes through the layer's residual unchanged.
 
 Losses: GShard's load-balancing loss `E^2 * mean_{g,e}(f_ge * p_ge)` (f: share
@@ -58,9 +61,9 @@ class Routing:
     aux_loss: GShard's load-balancing loss, averaged over groups.
     z_loss: the router z-loss, averaged over tokens.
     counts: sums over this shard's tokens, added across devices before use:
-      `tokens`, `assignments` (k per token), `dropped_assignments` (routed but
-      over capacity), `dropped_tokens` (served by no expert), `load_E` (first
-      and second choices per expert, before capacity).
+      `tokens`, `assignments` (k per token, less the second experts not drawn),
+      `dropped_assignments` (routed but over capacity), `dropped_tokens` (served
+      by no expert), `load_E` (first and second choices per expert, before capacity).
   """
 
   combine_GSEC: jax.Array
@@ -70,8 +73,14 @@ class Routing:
   counts: dict[str, jax.Array]
 
 
-def route(logits_GSE: jax.Array, *, k: int, capacity_per_group: int) -> Routing:
-  """GShard top-2 (k=2) or Switch top-1 (k=1) routing of `logits_GSE`."""
+SECOND_EXPERT_THRESHOLD = 0.5
+"""The second expert is dispatched with probability min(1, gate / this): 2 x gate."""
+
+
+def route(logits_GSE: jax.Array, *, k: int, capacity_per_group: int,
+          uniform_GS: jax.Array | None = None) -> Routing:
+  """GShard top-2 (k=2) or Switch top-1 (k=1) routing of `logits_GSE`; with
+  `uniform_GS` (uniform numbers in [0, 1), one per token), the second expert at random."""
   if k not in (1, 2):
     raise ValueError(f"top_k must be 1 or 2, got {k}")
   logits_GSE = logits_GSE.astype(jnp.float32)
@@ -93,7 +102,11 @@ def route(logits_GSE: jax.Array, *, k: int, capacity_per_group: int) -> Routing:
     denom_GS = jnp.maximum(gate1_GS + gate2_GS, jnp.finfo(jnp.float32).eps)
     # Renormalised before dropping: a token that loses its second expert keeps
     # only its first expert's share (GShard).
-    choices = [(mask1_GSE, gate1_GS / denom_GS), (mask2_GSE, gate2_GS / denom_GS)]
+    gate2_GS = gate2_GS / denom_GS
+    if uniform_GS is not None:  # lingvo gshard_layers.py L2286-2290
+      sampled_GS = (uniform_GS < gate2_GS / SECOND_EXPERT_THRESHOLD).astype(jnp.float32)
+      mask2_GSE, gate2_GS = mask2_GSE * sampled_GS[..., None], gate2_GS * sampled_GS
+    choices = [(mask1_GSE, gate1_GS / denom_GS), (mask2_GSE, gate2_GS)]
   load_E = sum(jnp.sum(m, axis=(0, 1)) for m, _ in choices)
 
   combine_GSEC = jnp.zeros(logits_GSE.shape + (c,), jnp.float32)
@@ -113,8 +126,9 @@ def route(logits_GSE: jax.Array, *, k: int, capacity_per_group: int) -> Routing:
     combine_GSEC = combine_GSEC + gate_GS[..., None, None] * placed_GSEC
     kept_GS = kept_GS + jnp.sum(mask_GSE, axis=-1)
   tokens = jnp.asarray(kept_GS.size, jnp.float32)
-  counts = {"tokens": tokens, "assignments": k * tokens,
-            "dropped_assignments": k * tokens - jnp.sum(kept_GS),
+  assigned = jnp.sum(load_E)  # first choices and the dispatched second ones
+  counts = {"tokens": tokens, "assignments": assigned,
+            "dropped_assignments": assigned - jnp.sum(kept_GS),
             "dropped_tokens": jnp.sum((kept_GS == 0).astype(jnp.float32)), "load_E": load_E}
   return Routing(combine_GSEC, dispatch_GSEC, aux_loss, z_loss, counts)
 
@@ -136,13 +150,14 @@ def summarize(aux_loss: jax.Array, z_loss: jax.Array, counts: dict[str, jax.Arra
           "load_max_over_mean": jnp.max(load_E) / jnp.maximum(jnp.mean(load_E), 1e-9)}
 
 
-def _local(x_GSM: jax.Array, router_ME: jax.Array, wi_EMF: jax.Array, wo_EFM: jax.Array, *,
-           k: int, capacity_factor: float, activation: Callable, expert_axis: str | None,
-           reduce_axes: tuple[str, ...]) -> tuple[jax.Array, dict[str, jax.Array]]:
+def _local(x_GSM: jax.Array, router_ME: jax.Array, wi_EMF: jax.Array, wo_EFM: jax.Array,
+           uniform_GS: jax.Array | None, *, k: int, capacity_factor: float, activation: Callable,
+           expert_axis: str | None, reduce_axes: tuple[str, ...]
+           ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The MoE layer on one device's groups; with `expert_axis`, its experts are a shard."""
   e = router_ME.shape[-1]
   logits_GSE = jnp.einsum("gsm,me->gse", x_GSM.astype(jnp.float32), router_ME)
-  routing = route(logits_GSE, k=k,
+  routing = route(logits_GSE, k=k, uniform_GS=uniform_GS,
                   capacity_per_group=capacity(x_GSM.shape[1], e, k, capacity_factor))
   x_EGCM = jnp.einsum("gsec,gsm->egcm", routing.dispatch_GSEC.astype(x_GSM.dtype), x_GSM)
   if expert_axis is not None:  # [E, G, ...] -> this device's experts: [E/n, n*G, ...]
@@ -170,8 +185,8 @@ def expert_shards(mesh: Any | None) -> int:
 
 def moe_ffn(x_GSM: jax.Array, router_ME: jax.Array, wi_EMF: jax.Array, wo_EFM: jax.Array, *,
             k: int, capacity_factor: float, mesh: Any | None = None,
-            activation: Callable[[jax.Array], jax.Array] = jax.nn.relu
-            ) -> tuple[jax.Array, dict[str, jax.Array]]:
+            activation: Callable[[jax.Array], jax.Array] = jax.nn.relu,
+            uniform_GS: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The MoE feed-forward of groups of tokens, and its routing statistics.
 
   Args:
@@ -183,6 +198,9 @@ def moe_ffn(x_GSM: jax.Array, router_ME: jax.Array, wi_EMF: jax.Array, wo_EFM: j
     mesh: run as an explicit per-device program over this mesh (groups split
       over `data` and `expert`, experts over `expert`); None: one program.
     activation: the experts' hidden activation.
+    uniform_GS: uniform numbers in [0, 1), one per token, drawn for the whole batch
+      (so a split over devices routes as one device does): the second expert is
+      dispatched at random, GShard's way (`route`). None: always.
 
   Returns:
     (y_GSM, stats): the layer output (0 for tokens no expert took) and scalars
@@ -192,8 +210,9 @@ def moe_ffn(x_GSM: jax.Array, router_ME: jax.Array, wi_EMF: jax.Array, wo_EFM: j
   """
   e = router_ME.shape[-1]
   if mesh is None or mesh.devices.size == 1:
-    return _local(x_GSM, router_ME, wi_EMF, wo_EFM, k=k, capacity_factor=capacity_factor,
-                  activation=activation, expert_axis=None, reduce_axes=())
+    return _local(x_GSM, router_ME, wi_EMF, wo_EFM, uniform_GS, k=k,
+                  capacity_factor=capacity_factor, activation=activation, expert_axis=None,
+                  reduce_axes=())
   from jax.sharding import PartitionSpec as P
 
   axes = token_axes(mesh)
@@ -207,9 +226,11 @@ def moe_ffn(x_GSM: jax.Array, router_ME: jax.Array, wi_EMF: jax.Array, wo_EFM: j
                     f"mesh axes {axes}; use batch sizes that are multiples of {groups}")
   expert_spec = P(EXPERT) if shards > 1 else P()
   body = jax.shard_map(
-      lambda x, r, wi, wo: _local(x, r, wi, wo, k=k, capacity_factor=capacity_factor,
-                                  activation=activation,
-                                  expert_axis=EXPERT if shards > 1 else None, reduce_axes=axes),
-      mesh=mesh, in_specs=(P(axes), P(), expert_spec, expert_spec),
+      lambda x, r, wi, wo, u: _local(x, r, wi, wo, u, k=k, capacity_factor=capacity_factor,
+                                     activation=activation,
+                                     expert_axis=EXPERT if shards > 1 else None,
+                                     reduce_axes=axes),
+      mesh=mesh, in_specs=(P(axes), P(), expert_spec, expert_spec,
+                           P() if uniform_GS is None else P(axes)),
       out_specs=(P(axes), P()), check_vma=True)
-  return body(x_GSM, router_ME, wi_EMF, wo_EFM)
+  return body(x_GSM, router_ME, wi_EMF, wo_EFM, uniform_GS)

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from workloads.common import transformer as blocks
 from workloads.moe import layer
-from workloads.moe.config import ModelConfig
+from workloads.moe.config import ModelConfig, SecondExpert
 
 Stats = dict[str, jax.Array]
 
@@ -46,15 +46,21 @@ class MoeMlp(nn.Module):
   mesh: Any = None
 
   @nn.compact
-  def __call__(self, x_BLH: jax.Array) -> tuple[jax.Array, Stats]:
+  def __call__(self, x_BLH: jax.Array, deterministic: bool = True) -> tuple[jax.Array, Stats]:
     m = self.cfg.moe
     h = x_BLH.shape[-1]
     init = nn.initializers.xavier_uniform(in_axis=-2, out_axis=-1, batch_axis=(0,))
     router_HE = self.param("router", nn.initializers.normal(0.02), (h, m.num_experts))
     wi_EHF = self.param("intermediate", init, (m.num_experts, h, m.expert_size))
     wo_EFH = self.param("output", init, (m.num_experts, m.expert_size, h))
+    # GShard dispatches the second expert at random in training (`layer.route`); drawn
+    # for the whole batch, so any split over devices routes alike.
+    random = (not deterministic and m.top_k == 2 and m.second_expert is SecondExpert.RANDOM)
+    uniform_BL = (jax.random.uniform(self.make_rng("gating"), x_BLH.shape[:2])
+                  if random else None)
     return layer.moe_ffn(x_BLH, router_HE, wi_EHF, wo_EFH, k=m.top_k,
-                         capacity_factor=self.capacity_factor, mesh=self.mesh)
+                         capacity_factor=self.capacity_factor, mesh=self.mesh,
+                         uniform_GS=uniform_BL)
 
 
 class Block(nn.Module):
@@ -78,7 +84,8 @@ class Block(nn.Module):
     h_BLH = nn.LayerNorm(dtype=_dtype(c), name="mlp_layer_norm")(x_BLH)
     stats = None
     if self.moe:
-      h_BLH, stats = MoeMlp(c, self.capacity_factor, self.mesh, name="moe")(h_BLH)
+      h_BLH, stats = MoeMlp(c, self.capacity_factor, self.mesh, name="moe")(h_BLH,
+                                                                             deterministic)
     else:
       h_BLH = blocks.Mlp(c.mlp_size, dropout=c.dropout, dtype=_dtype(c), name="mlp")(
           h_BLH, deterministic=deterministic)

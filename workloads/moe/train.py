@@ -52,8 +52,9 @@ def loss(cfg: MoeLMConfig, ctx: StepContext, params: Any, state: Any, batch: Any
   m = cfg.model.moe
   inputs, targets = _split(batch)
   model = MoeLM(cfg.model, m.capacity_factor, ctx.mesh)
+  dropout, gating = jax.random.split(rng)
   logits, stats = model.apply({"params": params}, inputs, deterministic=False,
-                              rngs={"dropout": rng})
+                              rngs={"dropout": dropout, "gating": gating})
   nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
   total = nll
   if stats:  # summed over the MoE layers, as Switch and ST-MoE add them per router

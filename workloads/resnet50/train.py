@@ -16,10 +16,18 @@ from workloads.resnet50.model import ResNet
 
 
 def schedule(cfg: ResNetConfig) -> Schedule:
+  """Epochs of whole steps, the remainder batch dropped, as the reference counts them:
+  per_epoch_steps = 1,281,167 // 4,096 = 312 (mlcommons/training aa344c7f
+  retired_benchmarks/resnet-tf2/tensorflow2/common.py L635-639, drop_train_remainder),
+  evaluations every epochs_between_evals * per_epoch_steps steps from eval_offset_epochs
+  * per_epoch_steps (resnet_ctl_imagenet_main.py L165 and L181-188: steps 624, 1,872,
+  ...), and train_steps = per_epoch_steps * train_epochs (L212: 13,104), not the
+  fractional epochs' 626 and 13,137."""
+  per_epoch = cfg.data.train_examples // cfg.global_batch_size
   return Schedule(global_batch_size=cfg.global_batch_size, eval_batch_size=cfg.eval_batch_size,
                   train_examples=cfg.data.train_examples, eval_examples=cfg.data.eval_examples,
-                  max_train_samples=int(round(cfg.train_epochs * cfg.data.train_examples)),
-                  eval_offset=cfg.eval_offset_epochs)
+                  max_train_samples=_steps(cfg, per_epoch)[1] * cfg.global_batch_size,
+                  eval_offset=cfg.eval_offset_epochs, epoch_steps=per_epoch)
 
 
 def init(cfg: ResNetConfig, rng: jax.Array) -> tuple[Any, Any]:
@@ -56,12 +64,15 @@ def compute(cfg: ResNetConfig, part: EvalPart) -> dict[str, float]:
           "loss": float(part.sums["loss"] / part.count)}
 
 
-def _steps(cfg: ResNetConfig, sched: Schedule) -> tuple[float, int]:
+def _per_epoch(sched: Schedule) -> int:
+  return sched.epoch_steps or sched.train_examples // sched.global_batch_size
+
+
+def _steps(cfg: ResNetConfig, per_epoch: int) -> tuple[float, int]:
   """(warmup steps, train steps) of the learning-rate schedule, from a whole number
   of steps per epoch as the reference counts them (the remainder batch dropped:
   1,281,167 // 4,096 = 312; resnet-tf2 common.py L637-639, lars_util.py L112-114,
   resnet_runnable.py L114)."""
-  per_epoch = sched.train_examples // sched.global_batch_size
   return cfg.optimizer.warmup_epochs * per_epoch, int(round(per_epoch * cfg.train_epochs))
 
 
@@ -73,7 +84,7 @@ LARS_EPSILON_FLOOR = 1e-7
 
 def optimizer(cfg: ResNetConfig, sched: Schedule) -> optax.GradientTransformation:
   o = cfg.optimizer
-  warmup, train_steps = _steps(cfg, sched)
+  warmup, train_steps = _steps(cfg, _per_epoch(sched))
   lr = optim.poly_warmup_schedule(o.base_learning_rate, warmup_steps=warmup,
                                   train_steps=train_steps, end_lr=o.end_learning_rate,
                                   power=o.poly_power)
@@ -92,7 +103,7 @@ def hparams(cfg: ResNetConfig, sched: Schedule, ctx: StepContext) -> dict[str, A
   """The keys closed_resnet{,_lars,_sgd}.yaml require, named as the reference logs them."""
   o = cfg.optimizer
   p = o.name.value
-  warmup, train_steps = _steps(cfg, sched)
+  warmup, train_steps = _steps(cfg, _per_epoch(sched))
   out = {"opt_name": p,
          "model_bn_span": sched.global_batch_size // ctx.bn_groups,
          f"{p}_opt_base_learning_rate": o.base_learning_rate,

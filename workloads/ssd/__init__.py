@@ -7,7 +7,7 @@ pipeline code. The eval step returns fixed-size per-image detections; every
 host's rows are gathered and scored once with pycocotools.
 """
 
-from mlbench.workload import EvalSpec, InputSpec, Workload, lazy
+from mlbench.workload import EvalSpec, InputSpec, StartPoint, Workload, lazy
 from workloads.ssd import config
 
 _TRAIN = "workloads.ssd.train"
@@ -33,4 +33,11 @@ WORKLOAD = Workload(
     flops_per_example=lazy(f"{_TRAIN}:flops_per_example"),
     # The `ssd` key is RetinaNet from MLPerf 1.1 on; this is the SSD-ResNet-34 of 0.7.0.
     rulesets=("0.7.0",),
+    # The backbone starts from torchvision's ImageNet ResNet-34 (mlcommons/training aa344c7f
+    # retired_benchmarks/ssd-v1/download_resnet34_backbone.sh L4, ssd/base_model.py L58-61).
+    start=StartPoint(
+        key="backbone_weights", name="the ImageNet ResNet-34 backbone",
+        source="torchvision's resnet34-333f7ec4.pth, which the reference's "
+               "download_resnet34_backbone.sh fetches, made into an .npz once with `python -m "
+               "workloads.ssd.backbone resnet34-333f7ec4.pth resnet34.npz`"),
 )

@@ -15,7 +15,7 @@ import numpy as np
 import optax
 
 from mlbench.train import optim
-from mlbench.workload import Schedule, StepContext
+from mlbench.workload import Schedule, StepContext, WithMetadata
 from workloads.common import conv
 from workloads.ssd import backbone, boxes, nms
 from workloads.ssd.config import AnchorConfig, SSDConfig, Stem
@@ -161,7 +161,10 @@ def hparams(cfg: SSDConfig, sched: Schedule, ctx: StepContext) -> dict[str, Any]
           "opt_learning_rate_warmup_steps": _warmup_steps(cfg, sched),
           "opt_learning_rate_decay_boundary_epochs": [_number(e) for e in
                                                       o.decay_boundary_epochs],
-          "max_samples": cfg.data.crop_tries}
+          "max_samples": cfg.data.crop_tries,
+          **({"weights_initialization": WithMetadata(
+              cfg.backbone_weights, {"source": "torchvision_resnet34", "tensors": len(
+                  backbone.torchvision_names(cfg.model))})} if cfg.backbone_weights else {})}
 
 
 def _number(x: float) -> int | float:

@@ -14,7 +14,7 @@ from mlbench.errors import UserError
 from mlbench.train import optim
 from mlbench.workload import Batch, EvalPart, Schedule, StepContext, WithMetadata
 from workloads.common import transformer as blocks
-from workloads.transformer import beam_search, bleu, vocab
+from workloads.transformer import beam_search, bleu, newstest, vocab
 from workloads.transformer.config import PACKED_RECORDS, TransformerConfig
 from workloads.transformer.input_pipeline import PACKING
 from workloads.transformer.model import Transformer
@@ -148,10 +148,12 @@ def eval_step(cfg: TransformerConfig, ctx: StepContext, params: Any, state: Any,
 
 
 def host(cfg: TransformerConfig, outputs: dict[str, np.ndarray], batch: Batch) -> EvalPart:
-  """BLEU statistics of this host's translations against the references."""
+  """BLEU statistics of this host's translations against the references: the raw
+  sentences of `data.bleu_reference` (WMT), else the decoded targets (the mini's own)."""
   words = vocab.load(cfg.data.vocab_file)
   hyps = [words.decode(row) for row in outputs["translation"]]
-  refs = [words.decode(row) for row in np.asarray(batch["targets"])]
+  refs = (newstest.raw_references(cfg, batch["targets"]) if cfg.data.bleu_reference else
+          [words.decode(row) for row in np.asarray(batch["targets"])])
   sums = bleu.statistics(hyps, refs)
   sums["nll"] = np.asarray(outputs["nll"], np.float64).sum()
   sums["target_tokens"] = np.asarray(outputs["target_tokens"], np.float64).sum()

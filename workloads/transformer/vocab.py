@@ -91,12 +91,42 @@ def _is_alnum(ch: str) -> bool:
 
 
 class SubwordVocabulary:
-  """A tensor2tensor SubwordTextEncoder vocabulary file."""
+  """A tensor2tensor SubwordTextEncoder vocabulary file.
+
+  `encode` is the reference's `Subtokenizer.encode` (mlcommons/training aa344c7f
+  retired_benchmarks/transformer/tensorflow/transformer/utils/tokenizer.py L128-151):
+  the text split where letters-and-digits meet other characters, a lone space between
+  two words dropped (L224-240); each token escaped (`\\` for a backslash, `\\u` for
+  `_`, `\\N;` for a character outside the vocabulary's alphabet or a newline) and
+  ended by `_` (L254-272); then split greedily into the longest known subtokens
+  (L372-391). The alphabet is every character of every subtoken plus the escape
+  characters (L438-445).
+  """
 
   def __init__(self, path: Path):
     lines = paths.path(path).read_text(encoding="utf-8").splitlines()
     self._subtokens = [ln.strip()[1:-1] if ln.strip()[:1] in "'\"" else ln.strip()
                        for ln in lines]
+    self._ids = {t: i for i, t in enumerate(self._subtokens)}  # the last of twins, as L367-369
+    self._alphabet = {c for t in self._subtokens for c in t} | set("\\_u;0123456789")
+    self._longest = max(map(len, self._subtokens), default=1)
+
+  def encode(self, text: str) -> list[int]:
+    """Subtoken ids of `text` (no EOS)."""
+    out = []
+    for token in _split_tokens(text):
+      escaped = token.replace("\\", "\\\\").replace("_", "\\u")
+      escaped = "".join(c if c in self._alphabet and c != "\n" else f"\\{ord(c)};"
+                        for c in escaped) + "_"
+      start = 0
+      while start < len(escaped):
+        end = next((e for e in range(min(len(escaped), start + self._longest), start, -1)
+                    if escaped[start:e] in self._ids), None)
+        if end is None:
+          raise ValueError(f"{escaped!r} cannot be split into this vocabulary's subtokens")
+        out.append(self._ids[escaped[start:end]])
+        start = end
+    return out
 
   def decode(self, ids: Sequence[int]) -> str:
     joined = "".join(self._subtokens[i] for i in _until_eos(ids) if i < len(self._subtokens))
@@ -107,6 +137,18 @@ class SubwordVocabulary:
         out.append(" ")
       out.append(token)
     return "".join(out)
+
+
+def _split_tokens(text: str) -> list[str]:
+  """Runs of letters-and-digits and runs of other characters; a single space between
+  two runs is dropped unless it opens the text (decoding puts it back)."""
+  tokens, start = [], 0
+  for pos in range(1, len(text)):
+    if _is_alnum(text[pos]) != _is_alnum(text[pos - 1]):
+      if text[start:pos] != " " or start == 0:
+        tokens.append(text[start:pos])
+      start = pos
+  return [*tokens, text[start:]] if text else []
 
 
 class IdVocabulary:
