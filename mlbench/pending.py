@@ -171,10 +171,12 @@ def read_record(p: epath.Path) -> Record | None:
 def scan(folder: paths.PathLike, *, stale_after: float = STALE_AFTER_S) -> list[Pending]:
   """The pending logs (and lone records) in a benchmark folder, each judged."""
   folder = paths.path(folder)
-  if not folder.is_dir():
-    return []
+  try:
+    listed = list(folder.iterdir()) if folder.is_dir() else []
+  except FileNotFoundError:  # A bucket "folder" whose last object went meanwhile.
+    listed = []
   found: dict[str, dict[str, epath.Path]] = {}
-  for p in folder.iterdir():
+  for p in listed:
     m = _NAME.fullmatch(p.name)
     if m:
       found.setdefault(p.name.rsplit(".", 1)[0], {})[m[3]] = p
