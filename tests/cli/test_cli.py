@@ -72,9 +72,6 @@ def test_a_bad_request_is_one_line_on_stderr_with_exit_code_2(mlbench):
     (["run", "resnet50", "--config", "full", "--data-dir", "/nonexistent/imagenet"],
      "error: no train-*-of-* TFRecord files in /nonexistent/imagenet; point --data-dir at the "
      "ImageNet TFRecords written by imagenet_to_gcs.py"),
-    (["run", "resnet50", "--compile-cache", "/dev/null/jax"],
-     "error: cannot write to --compile-cache /dev/null/jax (Not a directory); choose a writable "
-     "folder, or turn the cache off with --compile-cache off (MLBENCH_COMPILE_CACHE=off)"),
 ])
 def test_bad_input_messages(capsys, tmp_path, args, message):
   rc = main(args + (["--results-dir", str(tmp_path)] if args[:1] == ["run"] and len(args) > 1
