@@ -21,6 +21,7 @@ from typing import Any
 
 from mlbench import paths, pending
 from mlbench.errors import UserError, choices
+from mlbench.fields import ConfigError, DType
 from mlbench.workload import Workload
 
 
@@ -193,7 +194,7 @@ class RunConfig:
         object.__setattr__(self, name, paths.path(value))
 
 
-PRECISIONS = ("float32", "bfloat16")
+PRECISIONS = tuple(d.value for d in DType)
 
 
 def load(workload: Workload, name_or_path: str | None) -> tuple[str, Any]:
@@ -234,30 +235,45 @@ def _from_file(workload: Workload, path: Path) -> Any:
 
 
 def override(cfg: Any, assignments: Sequence[str]) -> Any:
-  """Applies dotted `KEY=VALUE` assignments to a frozen dataclass tree."""
+  """Applies dotted `KEY=VALUE` assignments to a frozen dataclass tree.
+
+  Every section with a changed field is built once, with all of its new values (a later
+  assignment of a key wins), so the section's own checks (`mlbench.fields`) see the final
+  combination whatever the order of the assignments; their errors name the full key.
+  """
+  changes: dict[tuple[str, ...], tuple[str, str]] = {}
   for text in assignments:
     key, sep, value = text.partition("=")
     if not sep or not key:
       raise UserError(f"--set expects KEY=VALUE, got '{text}'")
-    cfg = _set(cfg, key.strip().split("."), value.strip(), key.strip())
-  return cfg
+    changes[tuple(key.strip().split("."))] = (value.strip(), key.strip())
+  return _apply(cfg, changes, "") if changes else cfg
 
 
-def _set(node: Any, path: list[str], value: str, full_key: str) -> Any:
+def _apply(node: Any, changes: dict[tuple[str, ...], tuple[str, str]], prefix: str) -> Any:
+  """`node` with `changes` ({path below node: (value, full key)}) applied, built once."""
   fields = {f.name: f for f in dataclasses.fields(node)}
-  head = path[0]
-  if head not in fields:
-    raise UserError(f"unknown config key '{full_key}'; valid keys here: {choices(fields)}")
-  current = getattr(node, head)
-  if len(path) > 1:
-    if not dataclasses.is_dataclass(current):
-      raise UserError(f"config key '{full_key}': '{head}' is a value, not a section")
-    return dataclasses.replace(node, **{head: _set(current, path[1:], value, full_key)})
-  if dataclasses.is_dataclass(current):
-    sub = ", ".join(f"{head}.{f.name}" for f in dataclasses.fields(current))
-    raise UserError(f"config key '{full_key}' is a section; set one of: {sub}")
-  hint = typing.get_type_hints(type(node))[head]
-  return dataclasses.replace(node, **{head: parse_value(value, hint, full_key)})
+  values: dict[str, Any] = {}
+  sections: dict[str, dict[tuple[str, ...], tuple[str, str]]] = {}
+  for (head, *rest), (value, full_key) in changes.items():
+    if head not in fields:
+      raise UserError(f"unknown config key '{full_key}'; valid keys here: {choices(fields)}")
+    current = getattr(node, head)
+    if rest:
+      if not dataclasses.is_dataclass(current):
+        raise UserError(f"config key '{full_key}': '{head}' is a value, not a section")
+      sections.setdefault(head, {})[tuple(rest)] = (value, full_key)
+    elif dataclasses.is_dataclass(current):
+      sub = ", ".join(f"{head}.{f.name}" for f in dataclasses.fields(current))
+      raise UserError(f"config key '{full_key}' is a section; set one of: {sub}")
+    else:
+      values[head] = parse_value(value, typing.get_type_hints(type(node))[head], full_key)
+  for head, sub_changes in sections.items():
+    values[head] = _apply(getattr(node, head), sub_changes, f"{prefix}{head}.")
+  try:
+    return dataclasses.replace(node, **values)
+  except ConfigError as e:
+    raise e.under(prefix) from None
 
 
 def parse_value(text: str, hint: Any, key: str = "value") -> Any:

@@ -16,7 +16,7 @@ import math
 import re
 from typing import Any
 
-from mlbench import accelerators
+from mlbench import accelerators, fields
 from mlbench.errors import UserError
 from mlbench.pod import estimate, hlo, predict as predict_lib, quiet, timemodel
 from mlbench.pod.hlo import COLLECTIVES
@@ -179,10 +179,10 @@ def _does_not_fit(plan: Any, where: str, error: Exception) -> UserError:
 def remat_hint(cfg: Any) -> str:
   """`, remat (--set model.remat=full)` where the config has that key, else nothing: a hint
   to set a key the workload lacks would only be refused as unknown."""
-  remat = getattr(getattr(cfg, "model", None), "remat", None)
-  if remat is None or getattr(remat, "value", remat) == "full":
+  remat = fields.REMAT.get(cfg)
+  if remat is None or remat is fields.Remat.FULL:
     return ""
-  return ", remat (--set model.remat=full)"
+  return f", remat (--set {fields.REMAT.key}=full)"
 
 
 def _compile(plan: Any, where: str) -> Any:

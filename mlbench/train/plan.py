@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from mlbench import config as config_lib, paths, registry, results, rules
+from mlbench import config as config_lib, fields, paths, registry, results, rules
 from mlbench.train import data, mesh as mesh_lib, pipeline
 from mlbench.config import Division, InputMode, RunConfig
 from mlbench.errors import UserError, choices
@@ -140,8 +140,8 @@ def _parallelism(workload: Workload, config_name: str, cfg: Any, schedule: Sched
     return 1
   stack = workload.layer_stack(cfg)
   if stack is None:
-    scan = getattr(getattr(cfg, "model", None), "scan_layers", None)
-    hint = " (--set model.scan_layers=true)" if scan is False else ""
+    scan = fields.SCAN_LAYERS.get(cfg)
+    hint = f" (--set {fields.SCAN_LAYERS.key}=true)" if scan is False else ""
     raise UserError(f"--mesh stage={stages}: {what} has no layer stack to split into pipeline "
                     f"stages{hint}; pipelines are for transformer workloads, drop the stage axis")
   micro = pipe.microbatches or stages
@@ -193,7 +193,7 @@ def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | Non
 
 def start_path(start: StartPoint | None, cfg: Any) -> str:
   """The path a config gives for the workload's starting point ("" for none)."""
-  return str(config_lib.flatten(cfg).get(start.key) or "") if start else ""
+  return (fields.Field(start.key, str).get(cfg) or "") if start else ""
 
 
 def _random_start(start: StartPoint | None, cfg: Any) -> dict[str, Any]:
@@ -232,23 +232,19 @@ def _start_problem(plan: Plan) -> str | None:
   return None
 
 
-PRECISION_KEY = "model.dtype"
-
-
 def _with_precision(cfg: Any, config_name: str, precision: str | None, runtime: Runtime) -> Any:
   """Sets the config's compute dtype (`model.dtype`) from --precision, or to bfloat16 for
   a full config on TPUs and GPUs, as MLPerf submissions run; CPUs keep the config's own."""
-  model = getattr(cfg, "model", None)
-  has_key = model is not None and dataclasses.is_dataclass(model) and hasattr(model, "dtype")
+  has_key = fields.PRECISION.get(cfg) is not None
   if precision is None:
     accelerated = runtime.devices[0].platform in ("tpu", "gpu", "cuda", "rocm")
     if not (accelerated and config_name == "full" and has_key):
       return cfg
     precision = "bfloat16"
   if not has_key:
-    raise UserError(f"--precision needs a config with a `{PRECISION_KEY}` field; this one has "
-                    "none (use --set on the config's own precision fields)")
-  return config_lib.override(cfg, (f"{PRECISION_KEY}={precision}",))
+    raise UserError(f"--precision needs a config with a `{fields.PRECISION.key}` field; this "
+                    "one has none (use --set on the config's own precision fields)")
+  return fields.PRECISION.set(cfg, fields.DType(precision))
 
 
 def _bn_groups(group_size: int | None, mesh: Any, schedule: Schedule) -> int:

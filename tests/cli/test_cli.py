@@ -69,6 +69,17 @@ def test_a_bad_request_is_one_line_on_stderr_with_exit_code_2(mlbench):
      "error: --bn-group-size 3 must divide the 8 data-parallel devices"),
     (["run", "resnet50", "--num-processes", "2"], "error: a multi-host run needs --coordinator "
                                                   "HOST:PORT, --num-processes N and --process-id I"),
+    # A config's own checks, before anything is traced (mlbench.fields).
+    (["run", "llama31_8b", "--set", "model.attention_chunk=100"],
+     "error: model.attention_chunk: 100 does not divide data.seq_length (256); set 0 (one "
+     "attention call) or a divisor of 256\n"),
+    (["run", "bert", "--set", "model.num_heads=5"],
+     "error: model.num_heads: 5 does not divide model.hidden_size (128); set a divisor of 128\n"),
+    (["run", "ssd", "--set", "model.stage_strides=2,2,2"],
+     "error: anchors.feature_sizes: (8, 4, 2) are not the model's feature maps for "
+     "data.image_size 32 ((4, 2, 1)); set 4,2,1\n"),
+    (["run", "moe", "--set", "model.moe.top_k=3"],
+     "error: model.moe.top_k: 3 is not 1 or 2 (at most model.moe.num_experts, 4)\n"),
     (["run", "resnet50", "--config", "full", "--data-dir", "/nonexistent/imagenet"],
      "error: no train-*-of-* TFRecord files in /nonexistent/imagenet; point --data-dir at the "
      "ImageNet TFRecords written by imagenet_to_gcs.py"),

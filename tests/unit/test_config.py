@@ -95,3 +95,43 @@ def test_flatten_lists_every_leaf_with_enum_values():
   leaves = sum(len(dataclasses.fields(getattr(cfg, s))) for s in ("model", "data", "optimizer"))
   # + the two batch sizes, train_epochs and eval_offset_epochs.
   assert "model" not in flat and len(flat) == leaves + 4
+
+
+def test_a_config_checks_its_combinations_once_all_overrides_are_in():
+  """Each section is built once with every --set value it gets, so the order of the
+  assignments does not matter, and a bad combination names the full key."""
+  from mlbench.fields import ConfigError
+  from workloads.llama31_8b import config as llama
+
+  both = ("model.attention_chunk=128", "data.seq_length=512")
+  for order in (both, both[::-1]):
+    cfg = config_lib.override(llama.mini(), order)
+    assert (cfg.model.attention_chunk, cfg.data.seq_length) == (128, 512)
+  with pytest.raises(ConfigError, match=r"^model\.attention_chunk: 100 does not divide "
+                                        r"data\.seq_length \(256\); set 0"):
+    config_lib.override(llama.mini(), ["model.attention_chunk=100"])
+  with pytest.raises(ConfigError, match=r"^model\.rope\.high_freq_factor: 0\.5 is not above "
+                                        r"model\.rope\.low_freq_factor \(1\.0\)"):
+    config_lib.override(llama.mini(), ["model.rope.high_freq_factor=0.5"])
+
+
+def test_every_config_of_every_workload_passes_its_own_checks():
+  from mlbench import registry
+
+  for w in registry.all_workloads():
+    for make in w.configs.values():
+      config_lib.override(make(), [])  # built by its function: its checks ran once
+
+
+def test_the_harness_reads_and_sets_the_shared_fields_by_type():
+  from mlbench import fields
+  from workloads.llama31_8b import config as llama
+
+  cfg = llama.mini()
+  assert fields.PRECISION.get(cfg) is fields.DType.FLOAT32
+  assert fields.PRECISION.set(cfg, fields.DType.BFLOAT16).model.dtype is fields.DType.BFLOAT16
+  assert fields.REMAT.get(cfg) is fields.Remat.NONE and fields.SCAN_LAYERS.get(cfg) is False
+  from workloads.resnet50 import config as resnet
+
+  assert fields.REMAT.get(resnet.mini()) is None  # ResNet has no remat
+  assert fields.Field("model.width", str).get(resnet.mini()) is None  # another type: absent

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from mlbench.datasets import records
 from mlbench.errors import UserError
 from mlbench.train import data
 from mlbench.workload import Split
@@ -34,7 +35,7 @@ def _packed_record(tmp_path):
       row[side] += ids
       row[f"{side}_segmentation"] += [seg] * len(ids)
       row[f"{side}_position"] += list(range(len(ids)))
-  return data.write_tfrecords(str(tmp_path / "train-{index:05d}-of-{count:05d}"),
+  return records.write_shards(str(tmp_path / "train-{index:05d}-of-{count:05d}"),
                               [{k: np.asarray(v, np.int64) for k, v in row.items()}], 1)
 
 
@@ -76,7 +77,7 @@ def test_packed_pairs_compute_as_if_alone(tmp_path):
 def test_unpacked_records_get_one_segment_and_plain_positions(tmp_path):
   cfg = dataclasses.replace(_cfg(), data=dataclasses.replace(_cfg().data, packed=False))
   src, tgt = PAIRS[0]
-  files = data.write_tfrecords(str(tmp_path / "train-{index:05d}-of-{count:05d}"),
+  files = records.write_shards(str(tmp_path / "train-{index:05d}-of-{count:05d}"),
                                [{"inputs": np.asarray(src), "targets": np.asarray(tgt)}], 1)
   batch = _decoded(cfg, files, Split.TRAIN)
   assert list(batch["inputs_segmentation"][0, :5]) == [1, 1, 1, 1, 0]
@@ -95,9 +96,8 @@ def test_each_data_form_has_its_true_epoch_size():
   full = config.full()
   sched = WORKLOAD.schedule(full)
   assert full.data.packed and (sched.train_examples, sched.eval_examples) == (566_340, 3003)
-  unpacked = dataclasses.replace(full, data=dataclasses.replace(full.data, packed=False))
-  with pytest.raises(UserError, match="data.train_examples"):
-    WORKLOAD.schedule(unpacked)
-  counted = dataclasses.replace(unpacked, data=dataclasses.replace(unpacked.data,
-                                                                   train_examples=4_500_966))
+  with pytest.raises(UserError, match="data.train_examples"):  # Before anything runs.
+    dataclasses.replace(full.data, packed=False)
+  counted = dataclasses.replace(full, data=dataclasses.replace(full.data, packed=False,
+                                                               train_examples=4_500_966))
   assert WORKLOAD.schedule(counted).train_examples == 4_500_966

@@ -9,24 +9,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from mlbench.fields import (DType, Remat, at_least, divides, fraction, positive, remat_choices,
+                            require)
+
 
 class Source(enum.Enum):
   """Where the pretraining TFRecords come from."""
 
   WIKIPEDIA = "wikipedia"  # The MLPerf Wikipedia TFRecords (supplied by you).
   PYDOC = "pydoc"          # CPython's pydoc_data.topics, written by mlbench.
-
-
-class DType(enum.Enum):
-  FLOAT32 = "float32"
-  BFLOAT16 = "bfloat16"
-
-
-class Remat(enum.Enum):
-  """What each layer keeps for the backward pass (`jax.checkpoint` per layer)."""
-
-  NONE = "none"  # keep every activation (fastest, most memory)
-  FULL = "full"  # keep only each layer's input, recompute the layer in the backward pass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +44,14 @@ class ModelConfig:
   # leading axis): one layer's program to compile, and pipeline stages (--mesh stage=S).
   scan_layers: bool = False
 
+  def __post_init__(self):
+    at_least(self, 1, "vocab_size", "hidden_size", "num_layers", "intermediate_size",
+             "max_position_embeddings")
+    at_least(self, 2, "type_vocab_size")  # the sentence A and B segments
+    divides(self, "num_heads", "hidden_size")
+    fraction(self, "dropout")
+    remat_choices(self, Remat.NONE, Remat.FULL)
+
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
@@ -63,6 +62,13 @@ class DataConfig:
   max_predictions_per_seq: int = 76
   train_examples: int = 0     # 0: BERT has no epochs (train_samples logs samples to converge)
   eval_examples: int = 10_000  # eval_10k, picked by the reference's pick_eval_samples.py
+
+  def __post_init__(self):
+    at_least(self, 1, "max_predictions_per_seq", "eval_examples")
+    at_least(self, 0, "train_examples")
+    require(self.max_predictions_per_seq <= self.max_seq_length, "max_predictions_per_seq",
+            f"{self.max_predictions_per_seq} is more than max_seq_length "
+            f"({self.max_seq_length}); set at most {self.max_seq_length}", "max_seq_length")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +87,12 @@ class OptimizerConfig:
   end_learning_rate: float = 0.0
   clip_norm: float = 1.0      # global gradient norm, before the moments
 
+  def __post_init__(self):
+    at_least(self, 1, "train_steps")
+    at_least(self, 0, "warmup_steps", "weight_decay", "end_learning_rate")
+    fraction(self, "beta_1", "beta_2")
+    positive(self, "epsilon", "clip_norm")
+
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
@@ -93,6 +105,12 @@ class BertConfig:
   # model.ckpt-28252; `mlbench run bert --init-checkpoint PATH`); "" starts from
   # random weights, which only the mini config does.
   init_checkpoint: str = ""
+
+  def __post_init__(self):
+    at_least(self, 1, "global_batch_size", "eval_batch_size")
+    length, positions = self.data.max_seq_length, self.model.max_position_embeddings
+    require(1 <= length <= positions, "data.max_seq_length",
+            f"{length} is not in 1..model.max_position_embeddings ({positions})")
 
 
 def full() -> BertConfig:

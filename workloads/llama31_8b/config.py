@@ -10,25 +10,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from mlbench.fields import DType, Remat, at_least, divides, positive, require
+from workloads.common.adamw import AdamWCosine
+
 
 class Source(enum.Enum):
   """Where the Megatron indexed datasets (`.bin` + `.idx`) come from."""
 
   C4 = "c4"          # The reference's preprocessed C4 (supplied by you, see input_pipeline).
   PYDOC = "pydoc"    # CPython's docstrings and pydoc_data help texts, written by mlbench.
-
-
-class DType(enum.Enum):
-  FLOAT32 = "float32"
-  BFLOAT16 = "bfloat16"
-
-
-class Remat(enum.Enum):
-  """What each decoder layer keeps for the backward pass (`jax.checkpoint` policies)."""
-
-  NONE = "none"                  # keep every activation (fastest, most memory)
-  DOTS = "dots"                  # keep matmul outputs without batch dims, recompute the rest
-  FULL = "full"                  # keep only the layer inputs, recompute the whole layer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +34,13 @@ class RopeConfig:
   high_freq_factor: float = 4.0
   original_context: int = 8192
   scaled: bool = True
+
+  def __post_init__(self):
+    positive(self, "theta", "factor", "low_freq_factor")
+    require(self.high_freq_factor > self.low_freq_factor, "high_freq_factor",
+            f"{self.high_freq_factor} is not above low_freq_factor ({self.low_freq_factor}), "
+            "which the scaling interpolates between", "low_freq_factor")
+    at_least(self, 1, "original_context")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +74,16 @@ class ModelConfig:
   # input per layer for the backward pass whatever the compiler's schedule.
   scan_layers: bool = False
 
+  def __post_init__(self):
+    at_least(self, 1, "vocab_size", "width", "num_layers", "mlp_size")
+    divides(self, "num_heads", "width")
+    divides(self, "num_kv_heads", "num_heads")
+    require(self.head_dim % 2 == 0, "num_heads", f"{self.num_heads} heads make heads of "
+            f"{self.head_dim} dimensions, which rotary embeddings need to be even; set a "
+            f"divisor of width ({self.width}) that leaves an even quotient", "width")
+    positive(self, "norm_epsilon", "init_std")
+    at_least(self, 0, "attention_chunk")
+
   @property
   def head_dim(self) -> int:
     return self.width // self.num_heads
@@ -101,25 +108,8 @@ class DataConfig:
   eval_prefix: str = "c4-validation-91205-samples.en_text_document"
   eval_examples: int = 1024
 
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-  """AdamW (beta 0.9/0.95, epsilon 1e-5, weight decay 0.1 on kernels and embeddings, none
-  on norm scales, as Megatron's parameter groups) with gradients clipped to global norm 1.0, the learning rate
-  warmed up linearly over `warmup_steps` and decayed by a half cosine to
-  `end_learning_rate` at `max_steps` (NeMo's CosineAnnealing, min_lr = 0.1 x max_lr).
-  The defaults are the reference convergence points' for batch 32 (8e-4, 4,096
-  warmup samples; rcps_llama31_8b.json)."""
-
-  base_learning_rate: float = 8e-4
-  end_learning_rate: float = 8e-5
-  warmup_steps: int = 128
-  max_steps: int = 1_200_000
-  beta_1: float = 0.9
-  beta_2: float = 0.95
-  epsilon: float = 1e-5
-  weight_decay: float = 0.1
-  clip_norm: float = 1.0
+  def __post_init__(self):
+    at_least(self, 1, "seq_length", "eval_examples")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,11 +117,23 @@ class LlamaConfig:
   name: str = "full"                  # logged as config_filename
   model: ModelConfig = ModelConfig()
   data: DataConfig = DataConfig()
-  optimizer: OptimizerConfig = OptimizerConfig()
+  # Weight decay on kernels and embeddings, none on norm scales (Megatron's parameter
+  # groups); min_lr = 0.1 x max_lr (NeMo). The reference convergence points' learning
+  # rate for batch 32 (8e-4, 4,096 warmup samples; rcps_llama31_8b.json).
+  optimizer: AdamWCosine = AdamWCosine(base_learning_rate=8e-4, end_learning_rate=8e-5,
+                                       warmup_steps=128, max_steps=1_200_000)
   global_batch_size: int = 32
   eval_batch_size: int = 32
   gradient_accumulation_steps: int = 1  # the global batch is this many sequential microbatches
   train_budget_steps: int = 0           # steps a run may take before it gives up; 0: max_steps
+
+  def __post_init__(self):
+    at_least(self, 1, "global_batch_size", "eval_batch_size", "gradient_accumulation_steps")
+    at_least(self, 0, "train_budget_steps")
+    chunk, length = self.model.attention_chunk, self.data.seq_length
+    require(chunk == 0 or chunk >= length or length % chunk == 0, "model.attention_chunk",
+            f"{chunk} does not divide data.seq_length ({length}); set 0 (one attention call) "
+            f"or a divisor of {length}")
 
 
 def full() -> LlamaConfig:
@@ -163,8 +165,8 @@ def mini() -> LlamaConfig:
                         dtype=DType.FLOAT32, remat=Remat.NONE),
       data=DataConfig(source=Source.PYDOC, seq_length=256, train_prefix="train_text_document",
                       eval_prefix="validation_text_document", eval_examples=64),
-      optimizer=OptimizerConfig(base_learning_rate=1e-2, end_learning_rate=1e-3,
-                                warmup_steps=20, max_steps=1000),
+      optimizer=AdamWCosine(base_learning_rate=1e-2, end_learning_rate=1e-3, warmup_steps=20,
+                            max_steps=1000),
       global_batch_size=8,
       eval_batch_size=32,
   )

@@ -9,17 +9,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from mlbench.fields import DType, at_least, divides, fraction, positive, require
+from workloads.common.adamw import AdamWCosine
+
 
 class Source(enum.Enum):
   """Where the token TFRecords come from."""
 
   TFRECORDS = "tfrecords"  # Pre-tokenised sequences (`train-*`, `eval-*`), supplied by you.
   PYDOC = "pydoc"          # CPython's pydoc_data.topics, tokenised and written by mlbench.
-
-
-class DType(enum.Enum):
-  FLOAT32 = "float32"
-  BFLOAT16 = "bfloat16"
 
 
 class SecondExpert(enum.Enum):
@@ -58,6 +56,14 @@ class MoeConfig:
   every: int = 2
   second_expert: SecondExpert = SecondExpert.RANDOM
 
+  def __post_init__(self):
+    at_least(self, 1, "num_experts", "expert_size", "every")
+    require(self.top_k in (1, 2) and self.top_k <= self.num_experts, "top_k",
+            f"{self.top_k} is not 1 or 2 (at most num_experts, {self.num_experts})",
+            "num_experts")
+    positive(self, "capacity_factor", "eval_capacity_factor")
+    at_least(self, 0, "aux_loss_coeff", "z_loss_coeff")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -80,6 +86,14 @@ class ModelConfig:
   # stacked on a leading axis; num_layers a multiple of every): pipeline stages split it.
   scan_layers: bool = False
 
+  def __post_init__(self):
+    at_least(self, 1, "vocab_size", "width", "num_layers", "mlp_size")
+    divides(self, "num_heads", "width")
+    fraction(self, "dropout")
+    require(not self.scan_layers or self.num_layers % self.moe.every == 0, "scan_layers",
+            f"needs num_layers ({self.num_layers}) to be a multiple of moe.every "
+            f"({self.moe.every}), the layers of one scanned group", "num_layers", "moe.every")
+
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
@@ -91,23 +105,9 @@ class DataConfig:
   train_examples: int = 0    # 0: no epochs; train_samples is logged as the budget
   eval_examples: int = 1024
 
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-  """AdamW with a cosine schedule after a linear warmup, gradients clipped by global norm;
-  the optimizer of the MLPerf 6.x MoE benchmarks (beta 0.9/0.95, epsilon 1e-5,
-  weight decay 0.1, clip 1.0). The learning rate decays to `end_learning_rate` over
-  `max_steps - warmup_steps` steps; `max_steps` is also the training budget."""
-
-  base_learning_rate: float = 4e-4
-  end_learning_rate: float = 4e-5
-  warmup_steps: int = 1000
-  max_steps: int = 100_000
-  beta_1: float = 0.9
-  beta_2: float = 0.95
-  epsilon: float = 1e-5
-  weight_decay: float = 0.1
-  clip_norm: float = 1.0
+  def __post_init__(self):
+    at_least(self, 1, "seq_length", "eval_examples")
+    at_least(self, 0, "train_examples")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,9 +115,14 @@ class MoeLMConfig:
   name: str = "full"         # logged as config_filename
   model: ModelConfig = ModelConfig()
   data: DataConfig = DataConfig()
-  optimizer: OptimizerConfig = OptimizerConfig()
+  # The optimizer of the MLPerf 6.x MoE benchmarks.
+  optimizer: AdamWCosine = AdamWCosine(base_learning_rate=4e-4, end_learning_rate=4e-5,
+                                       warmup_steps=1000, max_steps=100_000)
   global_batch_size: int = 1024
   eval_batch_size: int = 1024
+
+  def __post_init__(self):
+    at_least(self, 1, "global_batch_size", "eval_batch_size")
 
 
 def full() -> MoeLMConfig:
@@ -148,8 +153,8 @@ def mini() -> MoeLMConfig:
                         dropout=0.1, dtype=DType.FLOAT32),
       data=DataConfig(source=Source.PYDOC, seq_length=64, train_examples=16384,
                       eval_examples=192),
-      optimizer=OptimizerConfig(base_learning_rate=5e-3, end_learning_rate=5e-4,
-                                warmup_steps=50, max_steps=1000),
+      optimizer=AdamWCosine(base_learning_rate=5e-3, end_learning_rate=5e-4, warmup_steps=50,
+                            max_steps=1000),
       global_batch_size=32,
       eval_batch_size=64,
   )

@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import optax
 
 from mlbench.train import optim
-from mlbench.errors import UserError
 from mlbench.workload import EvalPart, LayerStack, Schedule, StepContext
 from workloads.common import transformer as blocks
 from workloads.moe.config import DType, MoeLMConfig
@@ -135,9 +134,6 @@ def layer_stack(cfg: MoeLMConfig) -> LayerStack | None:
   m = cfg.model
   if not m.scan_layers:
     return None
-  if m.num_layers % m.moe.every:
-    raise UserError(f"model.scan_layers needs model.num_layers ({m.num_layers}) to be a "
-                    f"multiple of model.moe.every ({m.moe.every})")
   return LayerStack("layers", m.num_layers // m.moe.every)
 
 

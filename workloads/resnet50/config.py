@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from mlbench.fields import DType, at_least, fraction, positive, require
+
 
 class Stem(enum.Enum):
   """The layers before the first residual stage."""
@@ -29,9 +31,8 @@ class Source(enum.Enum):
   DIGITS = "digits"      # scikit-learn's handwritten digits, written by mlbench.
 
 
-class DType(enum.Enum):
-  FLOAT32 = "float32"
-  BFLOAT16 = "bfloat16"
+DIGITS_SPLIT = (1257, 540)
+"""Training and held-out images of scikit-learn's 1,797 digits (`digits.split`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +47,15 @@ class ModelConfig:
   bn_epsilon: float = 1e-5
   zero_init_last_bn: bool = False  # True: last BN scale of a block starts at 0 (not reference)
   dtype: DType = DType.FLOAT32    # activations and convolutions; parameters stay float32
+
+  def __post_init__(self):
+    require(len(self.stage_sizes) > 0, "stage_sizes", "is empty; give the blocks of each stage")
+    at_least(self, 1, "width")
+    at_least(self, 2, "num_classes")
+    fraction(self, "bn_momentum")
+    positive(self, "bn_epsilon")
+    require(min(self.stage_sizes) >= 1, "stage_sizes",
+            f"{self.stage_sizes} has a stage without blocks; give each stage 1 or more")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +74,20 @@ class DataConfig:
   mean_rgb: tuple[float, float, float] = (123.68, 116.78, 103.94)
   stddev_rgb: tuple[float, float, float] = (1.0, 1.0, 1.0)  # the reference only subtracts
 
+  def __post_init__(self):
+    at_least(self, 1, "image_size", "train_examples", "eval_examples")
+    require(self.eval_resize >= self.image_size, "eval_resize",
+            f"{self.eval_resize} is below image_size ({self.image_size}), which evaluation "
+            "crops from it; set image_size or more", "image_size")
+    lo, hi = self.crop_area
+    require(0 < lo <= hi <= 1, "crop_area", f"{self.crop_area} is no range in (0, 1]")
+    lo, hi = self.crop_aspect
+    require(0 < lo <= hi, "crop_aspect", f"{self.crop_aspect} is no range of positive ratios")
+    require(self.source is not Source.DIGITS
+            or (self.train_examples, self.eval_examples) == DIGITS_SPLIT, "train_examples",
+            f"the digits hold {DIGITS_SPLIT[0]} training and {DIGITS_SPLIT[1]} held-out "
+            f"images, not {self.train_examples} and {self.eval_examples}")
+
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
@@ -80,6 +104,10 @@ class OptimizerConfig:
   lars_epsilon: float = 0.0
   label_smoothing: float = 0.1
 
+  def __post_init__(self):
+    at_least(self, 0, "warmup_epochs", "weight_decay", "end_learning_rate")
+    fraction(self, "momentum", "label_smoothing")
+
 
 @dataclasses.dataclass(frozen=True)
 class ResNetConfig:
@@ -93,6 +121,11 @@ class ResNetConfig:
   # with --eval_offset_epochs=2 (resnet-tf2 README L110-112; resnet_ctl_imagenet_main.py
   # L184-188), evaluating at epochs 2, 6, 10, ...; the rules allow up to 3.
   eval_offset_epochs: float = 2.0
+
+  def __post_init__(self):
+    at_least(self, 1, "global_batch_size", "eval_batch_size")
+    at_least(self, 0, "eval_offset_epochs")
+    positive(self, "train_epochs")
 
 
 def full() -> ResNetConfig:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from mlbench.fields import DType, at_least, fraction, positive, require, same_length
+
 
 class Stem(enum.Enum):
   """The layers before the first residual stage."""
@@ -30,9 +32,8 @@ class Source(enum.Enum):
   DIGITS = "digits"  # Scenes of scikit-learn's handwritten digits, written by mlbench.
 
 
-class DType(enum.Enum):
-  FLOAT32 = "float32"
-  BFLOAT16 = "bfloat16"
+SCENE_SIZE = 32
+"""Side of the digit scenes the mini config reads (`scenes.py`)."""
 
 
 # COCO 2017's 80 category ids in the order of the reference's contiguous labels 1..80
@@ -61,6 +62,15 @@ class AnchorConfig:
   scale_wh: float = 0.2        # box coder: log size ratios are divided by this
   match_threshold: float = 0.5  # IoU above which a default box takes a ground-truth box
 
+  def __post_init__(self):
+    same_length(self, "feature_sizes", "steps", "aspect_ratios")
+    require(len(self.scales) == len(self.feature_sizes) + 1, "scales",
+            f"has {len(self.scales)} entries; give one per feature map and one more "
+            f"({len(self.feature_sizes) + 1})", "feature_sizes")
+    positive(self, "scale_xy", "scale_wh")
+    require(0 < self.match_threshold <= 1, "match_threshold",
+            f"{self.match_threshold} is not in (0, 1]")
+
   @property
   def boxes_per_cell(self) -> tuple[int, ...]:
     return tuple(2 + 2 * len(r) for r in self.aspect_ratios)
@@ -88,6 +98,26 @@ class ModelConfig:
   bn_epsilon: float = 1e-5
   dtype: DType = DType.FLOAT32  # activations and convolutions; parameters stay float32
 
+  def __post_init__(self):
+    same_length(self, "stage_sizes", "stage_widths", "stage_strides")
+    same_length(self, "extra_widths", "extra_channels", "extra_strides")
+    require(len(self.stage_sizes) > 0 and min(self.stage_sizes) >= 1, "stage_sizes",
+            f"{self.stage_sizes}: give each stage 1 or more blocks")
+    at_least(self, 2, "num_classes")
+    fraction(self, "bn_momentum")
+
+  def feature_sizes(self, image_size: int) -> tuple[int, ...]:
+    """Sides of the feature maps the heads see, for square images of `image_size`."""
+    size = image_size
+    # The ImageNet stem's 7x7/2 convolution and 3x3/2 max pool, then each stage's first
+    # block: padded, so each divides the size by its stride, rounding up.
+    for stride in ((2, 2) if self.stem is Stem.IMAGENET else ()) + self.stage_strides:
+      size = -(-size // stride)
+    sizes = [size]
+    for stride in self.extra_strides:  # stride 2: padded; stride 1: an unpadded 3x3
+      sizes.append(-(-sizes[-1] // stride) if stride > 1 else sizes[-1] - 2)
+    return tuple(sizes)
+
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
@@ -106,6 +136,13 @@ class DataConfig:
   mean_rgb: tuple[float, float, float] = (0.485, 0.456, 0.406)  # on a 0..1 scale
   stddev_rgb: tuple[float, float, float] = (0.229, 0.224, 0.225)
 
+  def __post_init__(self):
+    at_least(self, 1, "image_size", "train_examples", "eval_examples", "max_boxes",
+             "crop_tries")
+    require(self.source is not Source.DIGITS or self.image_size == SCENE_SIZE, "image_size",
+            f"{self.image_size}: the digit scenes are {SCENE_SIZE}x{SCENE_SIZE}; set "
+            f"{SCENE_SIZE}")
+
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
@@ -119,6 +156,13 @@ class OptimizerConfig:
   decay_boundary_epochs: tuple[float, ...] = (64.0, 80.0)
   decay_factor: float = 0.1
 
+  def __post_init__(self):
+    positive(self, "base_learning_rate")
+    at_least(self, 0, "weight_decay", "warmup_epochs", "warmup_factor")
+    fraction(self, "momentum")
+    require(list(self.decay_boundary_epochs) == sorted(self.decay_boundary_epochs),
+            "decay_boundary_epochs", f"{self.decay_boundary_epochs} is not in increasing order")
+
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
@@ -128,6 +172,10 @@ class EvalConfig:
   nms_iou: float = 0.5            # a box suppresses lower-scored boxes of its class at IoU >= this
   candidates_per_class: int = 200  # highest-scored boxes per class that enter NMS
   max_detections: int = 200        # kept per image, highest scores over all classes
+
+  def __post_init__(self):
+    at_least(self, 1, "candidates_per_class", "max_detections")
+    require(0 < self.nms_iou <= 1, "nms_iou", f"{self.nms_iou} is not in (0, 1]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +191,18 @@ class SSDConfig:
   # torchvision's ImageNet ResNet-34 as .npz (`python -m workloads.ssd.backbone`), which
   # the reference starts from (ssd-v1 base_model.py L58-61); "": random backbone.
   backbone_weights: str = ""
+
+  def __post_init__(self):
+    at_least(self, 1, "global_batch_size", "eval_batch_size")
+    positive(self, "train_epochs")
+    classes = len(self.data.category_ids) + 1
+    require(self.model.num_classes == classes, "model.num_classes",
+            f"{self.model.num_classes} is not data.category_ids and the background "
+            f"({classes}); set {classes}")
+    sizes = self.model.feature_sizes(self.data.image_size)
+    require(sizes == tuple(self.anchors.feature_sizes), "anchors.feature_sizes",
+            f"{self.anchors.feature_sizes} are not the model's feature maps for "
+            f"data.image_size {self.data.image_size} ({sizes}); set {','.join(map(str, sizes))}")
 
 
 def full() -> SSDConfig:

@@ -10,24 +10,18 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from mlbench.fields import (DType, Remat, at_least, divides, fraction, positive, remat_choices,
+                            require)
+
+MAX_POSITIONS = 1024
+"""Rows of the sinusoidal position table; sequences are at most this long."""
+
 
 class Source(enum.Enum):
   """Where the translation TFRecords come from."""
 
   WMT = "wmt"    # The MLPerf WMT17 en-de TFRecords and vocab.ende.32768 (supplied by you).
   CLDR = "cldr"  # Unicode CLDR en-de renderings from babel, written by mlbench.
-
-
-class DType(enum.Enum):
-  FLOAT32 = "float32"
-  BFLOAT16 = "bfloat16"
-
-
-class Remat(enum.Enum):
-  """What each layer keeps for the backward pass (`jax.checkpoint` per layer)."""
-
-  NONE = "none"  # keep every activation (fastest, most memory)
-  FULL = "full"  # keep only each layer's input, recompute the layer in the backward pass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +42,19 @@ class ModelConfig:
   dropout: float = 0.1            # residual, embedding and attention-probability dropout
   dtype: DType = DType.FLOAT32    # activations and matmuls; parameters stay float32
   remat: Remat = Remat.NONE
+
+  def __post_init__(self):
+    at_least(self, 4, "vocab_size")  # padding, EOS and the unknown token come first
+    at_least(self, 1, "width", "mlp_width", "encoder_layers", "decoder_layers")
+    divides(self, "num_heads", "width")
+    fraction(self, "dropout")
+    remat_choices(self, Remat.NONE, Remat.FULL)
+
+
+def _length(node, name: str) -> None:
+  value = getattr(node, name)
+  require(1 <= value <= MAX_POSITIONS, name, f"{value} is not in 1..{MAX_POSITIONS}, the "
+          "positions the model has")
 
 
 PACKED_RECORDS = 566_340
@@ -79,6 +86,13 @@ class DataConfig:
   vocab_file: str = ""            # filled in from --data-dir by the harness when empty
   bleu_reference: str = ""        # WMT: newstest2014.de, filled in from --data-dir when empty
 
+  def __post_init__(self):
+    _length(self, "max_length")
+    at_least(self, 1, "eval_examples")
+    require(self.packed or self.train_examples > 0, "train_examples",
+            f"{self.train_examples}: unpacked training records need their record count (an "
+            "epoch); set data.train_examples=N")
+
   @property
   def length_method(self) -> str:
     """How examples over `max_length` are handled: training pairs with a longer side are
@@ -99,6 +113,11 @@ class OptimizerConfig:
   epsilon: float = 1e-9
   label_smoothing: float = 0.1
 
+  def __post_init__(self):
+    at_least(self, 1, "warmup_steps")
+    fraction(self, "beta_1", "beta_2", "label_smoothing")
+    positive(self, "epsilon")
+
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
@@ -107,6 +126,11 @@ class DecodeConfig:
   beam_size: int = 4
   length_penalty: float = 0.6     # GNMT's alpha: score / ((5 + length) / 6) ** alpha
   max_length: int = 256           # output tokens, EOS included
+
+  def __post_init__(self):
+    at_least(self, 1, "beam_size")
+    at_least(self, 0, "length_penalty")
+    _length(self, "max_length")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +142,10 @@ class TransformerConfig:
   global_batch_size: int = 2048
   eval_batch_size: int = 512
   train_epochs: float = 20.0
+
+  def __post_init__(self):
+    at_least(self, 1, "global_batch_size", "eval_batch_size")
+    positive(self, "train_epochs")
 
 
 def full() -> TransformerConfig:

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from workloads.common import transformer as blocks
-from workloads.transformer.config import ModelConfig, Remat
+from workloads.transformer.config import MAX_POSITIONS, ModelConfig, Remat
 
 
 def _dtype(cfg: ModelConfig) -> Any:
@@ -174,10 +174,6 @@ def segment_bias(query_seg_BL: jax.Array, key_seg_BS: jax.Array) -> jax.Array:
   (Google's make_padding_mask(segmentation_mask=True), models.py L372-382)."""
   same = query_seg_BL[:, None, :, None] == key_seg_BS[:, None, None, :]
   return jnp.where(same, 0.0, blocks.NEG_INF).astype(jnp.float32)
-
-
-MAX_POSITIONS = 1024
-"""Rows of the sinusoidal position table; sequences are at most this long."""
 
 
 def shift_right(targets_BL: jax.Array) -> jax.Array:

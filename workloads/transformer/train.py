@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from mlbench.errors import UserError
 from mlbench.train import optim
 from mlbench.workload import Batch, EvalPart, Schedule, StepContext, WithMetadata
 from workloads.common import transformer as blocks
@@ -24,10 +23,7 @@ def schedule(cfg: TransformerConfig) -> Schedule:
   """An epoch is the training set's record count: 566,340 packed records, or, for
   unpacked data, the count you give as data.train_examples."""
   d = cfg.data
-  examples = d.train_examples or (PACKED_RECORDS if d.packed else 0)
-  if not examples:
-    raise UserError("unpacked WMT training data needs its record count (an epoch): "
-                    "--set data.train_examples=N")
+  examples = d.train_examples or PACKED_RECORDS  # unpacked data names its count (DataConfig)
   return Schedule(global_batch_size=cfg.global_batch_size, eval_batch_size=cfg.eval_batch_size,
                   train_examples=examples, eval_examples=d.eval_examples,
                   max_train_samples=round(cfg.train_epochs * examples))

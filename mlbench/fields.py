@@ -1,0 +1,154 @@
+"""What every workload config shares: its enums, its checks, and the fields the harness reads.
+
+Workload configs are trees of frozen dataclasses (see `mlbench.config`). Each one checks
+its own cross-field constraints in `__post_init__` with the helpers here, which raise a
+`ConfigError` naming the `--set` key and what is valid, so a bad combination is one line
+before anything is traced, not a `ValueError` from inside jit. `mlbench.config.override`
+builds each changed section once, with all of its `--set` values, and puts the section's
+path in front of the key (`attention_chunk` -> `model.attention_chunk`).
+
+A few fields mean the same in every config that has them, and the harness reads or sets
+them by their typed value (`Field`): the compute dtype (`--precision`), the remat policy
+and scanned layers (hints in messages). This module imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from typing import Any, Generic, TypeVar
+
+from mlbench.errors import UserError
+
+T = TypeVar("T")
+
+
+class DType(enum.Enum):
+  """The dtype of activations and matmuls (parameters stay float32)."""
+
+  FLOAT32 = "float32"
+  BFLOAT16 = "bfloat16"
+
+
+class Remat(enum.Enum):
+  """What each layer keeps for the backward pass (`jax.checkpoint` per layer)."""
+
+  NONE = "none"  # keep every activation (fastest, most memory)
+  DOTS = "dots"  # keep matmul outputs without batch dims, recompute the rest
+  FULL = "full"  # keep only each layer's input, recompute the layer in the backward pass
+
+
+class ConfigError(UserError):
+  """A config value outside what is valid: `key` is its `--set` key below the section the
+  check ran in; `problem` says what is wrong and what to set instead, naming the other
+  keys it involves (`related`, below the same section) as they are."""
+
+  def __init__(self, key: str, problem: str, related: tuple[str, ...] = ()):
+    super().__init__(f"{key}: {problem}")
+    self.key, self.problem, self.related = key, problem, related
+
+  def under(self, section: str) -> ConfigError:
+    """The same error, raised by a section that sits at `section` ("model."): its key and
+    the related keys its problem names get the section in front."""
+    problem = self.problem
+    for name in self.related:
+      problem = re.sub(rf"(?<![\w.]){re.escape(name)}\b", section + name, problem)
+    return ConfigError(f"{section}{self.key}", problem,
+                       tuple(section + name for name in self.related))
+
+
+def require(ok: bool, key: str, problem: str, *related: str) -> None:
+  """Raises ConfigError(key, problem, related) unless `ok`."""
+  if not ok:
+    raise ConfigError(key, problem, related)
+
+
+def at_least(node: Any, minimum: float, *names: str) -> None:
+  """Each named field of `node` is `minimum` or more."""
+  for name in names:
+    value = getattr(node, name)
+    require(value >= minimum, name, f"{value} is below {minimum}; set {minimum} or more")
+
+
+def positive(node: Any, *names: str) -> None:
+  """Each named field of `node` is above 0 (rates, epsilons, norms, epochs)."""
+  for name in names:
+    value = getattr(node, name)
+    require(value > 0, name, f"{value} is not positive; set a value above 0")
+
+
+def fraction(node: Any, *names: str) -> None:
+  """Each named field of `node` is a probability in [0, 1) (dropout rates)."""
+  for name in names:
+    value = getattr(node, name)
+    require(0 <= value < 1, name, f"{value} is not in [0, 1)")
+
+
+def divides(node: Any, part: str, whole: str) -> None:
+  """Field `part` of `node` divides field `whole` (heads into width)."""
+  p, w = getattr(node, part), getattr(node, whole)
+  require(p >= 1 and w % p == 0, part,
+          f"{p} does not divide {whole} ({w}); set a divisor of {w}", whole)
+
+
+def same_length(node: Any, *names: str) -> None:
+  """The named tuple fields of `node` have one length (one entry per stage or map)."""
+  lengths = {name: len(getattr(node, name)) for name in names}
+  first = names[0]
+  for name in names[1:]:
+    require(lengths[name] == lengths[first], name,
+            f"has {lengths[name]} entries, {first} has {lengths[first]}; give one per "
+            f"entry of {first}", first)
+
+
+def remat_choices(node: Any, *allowed: Remat) -> None:
+  """`node.remat` is one of the policies this model implements."""
+  require(node.remat in allowed, "remat",
+          f"{node.remat.value} is not implemented here; set one of: "
+          + ", ".join(r.value for r in allowed))
+
+
+@dataclasses.dataclass(frozen=True)
+class Field(Generic[T]):
+  """A field the harness reads or sets wherever a config has it with the type it expects.
+
+  Attributes:
+    key: its dotted `--set` key.
+    type: the type of its value; a field of the same name with another type (a plugin's
+      own dtype enum) counts as absent.
+  """
+
+  key: str
+  type: type[T]
+
+  def get(self, cfg: Any) -> T | None:
+    """The field's value; None where the config has no such field of this type."""
+    node = cfg
+    for part in self.key.split("."):
+      if not dataclasses.is_dataclass(node) or part not in {f.name for f in
+                                                             dataclasses.fields(node)}:
+        return None
+      node = getattr(node, part)
+    return node if isinstance(node, self.type) else None
+
+  def set(self, cfg: Any, value: T) -> Any:
+    """A copy of `cfg` with the field set to `value` (the config's checks run again)."""
+    if self.get(cfg) is None:
+      raise UserError(f"this config has no `{self.key}` of type {self.type.__name__}")
+    return _replace(cfg, self.key.split("."), value, "")
+
+
+def _replace(node: Any, path: list[str], value: Any, prefix: str) -> Any:
+  head = path[0]
+  if len(path) > 1:
+    value = _replace(getattr(node, head), path[1:], value, f"{prefix}{head}.")
+  try:
+    return dataclasses.replace(node, **{head: value})
+  except ConfigError as e:
+    raise e.under(prefix) from None
+
+
+PRECISION = Field("model.dtype", DType)
+REMAT = Field("model.remat", Remat)
+SCAN_LAYERS = Field("model.scan_layers", bool)
