@@ -332,10 +332,9 @@ class Workload:
 
 
 def lazy(target: str) -> Callable[..., Any]:
-  """A callable that imports `"package.module:function"` on first call.
-
-  A workload's `__init__` imports no JAX, Flax or TensorFlow: `mlbench list` stays fast.
-  """
+  """A callable that imports `"package.module:function"` on first call (`.resolve()` does
+  it now; `.target` names it). A workload's `__init__` imports no JAX, Flax or TensorFlow:
+  `mlbench list` stays fast."""
   module, _, attr = target.partition(":")
 
   @functools.cache
@@ -347,4 +346,5 @@ def lazy(target: str) -> Callable[..., Any]:
 
   call.__name__ = call.__qualname__ = attr
   call.__doc__ = f"Calls {target} (imported on first use)."
+  call.target, call.resolve = target, resolve
   return call

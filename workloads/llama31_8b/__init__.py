@@ -8,27 +8,10 @@ The quality metric is held-out log perplexity (lower is better), logged as
 `eval_accuracy`.
 """
 
-from mlbench.workload import EvalSpec, InputSpec, Workload, lazy
-from workloads.llama31_8b import config
+from mlbench.convention import from_package
 
-_TRAIN = "workloads.llama31_8b.train"
-_INPUT = "workloads.llama31_8b.input_pipeline"
-
-WORKLOAD = Workload(
-    name="llama31_8b",
-    benchmark="llama31_8b",
-    quality_metric="log_perplexity",
-    configs={"mini": config.mini, "full": config.full},
-    schedule=lazy(f"{_TRAIN}:schedule"),
-    init=lazy(f"{_TRAIN}:init"),
-    loss=lazy(f"{_TRAIN}:loss"),
-    optimizer=lazy(f"{_TRAIN}:optimizer"),
-    input=InputSpec(files=lazy(f"{_INPUT}:files"), examples=lazy(f"{_INPUT}:examples"),
-                    prepare=lazy("workloads.llama31_8b.pydoc_corpus:prepare")),
-    eval=EvalSpec(step=lazy(f"{_TRAIN}:eval_step"), compute=lazy(f"{_TRAIN}:compute")),
-    synthetic_batch=lazy(f"{_INPUT}:synthetic_batch"),
-    hparams=lazy(f"{_TRAIN}:hparams"),
-    partition_rules=lazy(f"{_TRAIN}:partition_rules"),
-    flops_per_example=lazy(f"{_TRAIN}:flops_per_example"),
-    layer_stack=lazy(f"{_TRAIN}:layer_stack"),
+WORKLOAD = from_package(
+    __name__, benchmark="llama31_8b", quality_metric="log_perplexity",
+    elsewhere={"prepare": "pydoc_corpus"}, also=("examples", "layer_stack"),
+    without=("decode",),  # Megatron .bin/.idx files, read as `examples`
 )

@@ -7,30 +7,12 @@ pipeline code. The eval step returns fixed-size per-image detections; every
 host's rows are gathered and scored once with pycocotools.
 """
 
-from mlbench.workload import EvalSpec, InputSpec, StartPoint, Workload, lazy
-from workloads.ssd import config
+from mlbench.convention import from_package
+from mlbench.workload import StartPoint
 
-_TRAIN = "workloads.ssd.train"
-_INPUT = "workloads.ssd.input_pipeline"
-_COCO = "workloads.ssd.coco"
-
-WORKLOAD = Workload(
-    name="ssd",
-    benchmark="ssd",
-    quality_metric="mAP",
-    configs={"mini": config.mini, "full": config.full},
-    schedule=lazy(f"{_TRAIN}:schedule"),
-    init=lazy(f"{_TRAIN}:init"),
-    loss=lazy(f"{_TRAIN}:loss"),
-    optimizer=lazy(f"{_TRAIN}:optimizer"),
-    input=InputSpec(files=lazy(f"{_INPUT}:files"), decode=lazy(f"{_INPUT}:decode"),
-                    prepare=lazy("workloads.ssd.scenes:prepare"), keep=lazy(f"{_INPUT}:keep")),
-    eval=EvalSpec(step=lazy(f"{_TRAIN}:eval_step"), compute=lazy(f"{_COCO}:compute"),
-                  host=lazy(f"{_COCO}:host")),
-    synthetic_batch=lazy(f"{_INPUT}:synthetic_batch"),
-    hparams=lazy(f"{_TRAIN}:hparams"),
-    partition_rules=lazy(f"{_TRAIN}:partition_rules"),
-    flops_per_example=lazy(f"{_TRAIN}:flops_per_example"),
+WORKLOAD = from_package(
+    __name__, benchmark="ssd", quality_metric="mAP",
+    elsewhere={"prepare": "scenes", "compute": "coco", "host": "coco"}, also=("keep",),
     spatial_inputs=("image",),  # `--mesh data=N,spatial=M` splits every image by height
     # The `ssd` key is RetinaNet from MLPerf 1.1 on; this is the SSD-ResNet-34 of 0.7.0.
     rulesets=("0.7.0",),

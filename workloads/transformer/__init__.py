@@ -7,28 +7,9 @@ MLPerf-schema TFRecords with its own BPE vocabulary and read by the same
 pipeline code.
 """
 
-from mlbench.workload import EvalSpec, InputSpec, Workload, lazy
-from workloads.transformer import config
+from mlbench.convention import from_package
 
-_TRAIN = "workloads.transformer.train"
-_INPUT = "workloads.transformer.input_pipeline"
-
-WORKLOAD = Workload(
-    name="transformer",
-    benchmark="transformer",
-    quality_metric="bleu",
-    configs={"mini": config.mini, "full": config.full},
-    schedule=lazy(f"{_TRAIN}:schedule"),
-    init=lazy(f"{_TRAIN}:init"),
-    loss=lazy(f"{_TRAIN}:loss"),
-    optimizer=lazy(f"{_TRAIN}:optimizer"),
-    input=InputSpec(files=lazy(f"{_INPUT}:files"), decode=lazy(f"{_INPUT}:decode"),
-                    prepare=lazy(f"{_INPUT}:prepare"),
-                    bind=lazy(f"{_INPUT}:bind"), keep=lazy(f"{_INPUT}:keep")),
-    eval=EvalSpec(step=lazy(f"{_TRAIN}:eval_step"), compute=lazy(f"{_TRAIN}:compute"),
-                  host=lazy(f"{_TRAIN}:host")),
-    synthetic_batch=lazy(f"{_INPUT}:synthetic_batch"),
-    hparams=lazy(f"{_TRAIN}:hparams"),
-    partition_rules=lazy(f"{_TRAIN}:partition_rules"),
-    flops_per_example=lazy(f"{_TRAIN}:flops_per_example"),
+WORKLOAD = from_package(
+    __name__, benchmark="transformer", quality_metric="bleu",
+    also=("prepare", "bind", "keep", "host"),
 )
