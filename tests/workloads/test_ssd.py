@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from mlbench.datasets import records
 from mlbench.train import data, evaluate, mesh as mesh_lib, sharding, steps
 from mlbench import rules
 from mlbench.train.plan import harness_hparams
@@ -499,8 +500,9 @@ def test_full_augmentation_on_real_records(ssd_data_dir):
   """The reference's crop, flip and colour jitter (full config) on the scene records."""
   tf = data.tf()
   cfg = config.full()
-  cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, category_ids=tuple(range(1, 11)),
-                                                          crop_tries=50))
+  cfg = dataclasses.replace(  # the digits' 10 classes and the background
+      cfg, model=dataclasses.replace(cfg.model, num_classes=11),
+      data=dataclasses.replace(cfg.data, category_ids=tuple(range(1, 11)), crop_tries=50))
   record = next(iter(tf.data.TFRecordDataset(
       input_pipeline.files(cfg, ssd_data_dir / input_pipeline.DIGITS_DIR, Split.TRAIN)[0])))
   decode = input_pipeline.decode(cfg, Split.TRAIN)
@@ -634,7 +636,7 @@ def _coco_like(tmp_path):
         "image/object/class/label": np.full(n, 3, np.int64),
         "image/object/is_crowd": np.asarray(crowd, np.int64),
         "image/object/area": np.full(n, 80.0, np.float32)})
-  return data.write_tfrecords(str(tmp_path / "val-{index:05d}-of-{count:05d}"), examples, 2)
+  return records.write_shards(str(tmp_path / "val-{index:05d}-of-{count:05d}"), examples, 2)
 
 
 def test_images_without_annotations_are_dropped_and_crowd_boxes_train(tmp_path):

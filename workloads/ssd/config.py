@@ -175,7 +175,7 @@ class EvalConfig:
 
   def __post_init__(self):
     at_least(self, 1, "candidates_per_class", "max_detections")
-    require(0 < self.nms_iou <= 1, "nms_iou", f"{self.nms_iou} is not in (0, 1]")
+    positive(self, "nms_iou")  # above 1: no suppression at all
 
 
 @dataclasses.dataclass(frozen=True)
