@@ -25,6 +25,7 @@ N_IMAGES, N_FILES, BATCH = 2048, 16, 64
 def _records(folder):
   import numpy as np
 
+  from mlbench.datasets import records
   from mlbench.train import data
 
   tf = data.tf()
@@ -45,7 +46,7 @@ def _records(folder):
              **{f"image/object/bbox/{k}": np.zeros(0, np.float32)
                 for k in ("ymin", "xmin", "ymax", "xmax")}}
 
-  paths = data.write_tfrecords(str(folder / "train-{index:05d}-of-{count:05d}"), examples(),
+  paths = records.write_shards(str(folder / "train-{index:05d}-of-{count:05d}"), examples(),
                                N_FILES)
   (folder / "done").write_text("ok\n")
   return paths

@@ -1,4 +1,7 @@
-"""TFRecord writing and the JPEG clean-up the image datasets share (imagenet, coco).
+"""TFRecord files: the one writer of tf.train.Examples, for the full datasets `mlbench data
+prepare` writes (imagenet, coco) and the mini datasets the workloads generate (a plugin
+helper, like `mlbench.train.data`), their readers for `verify`, and the JPEG clean-up of
+the image datasets.
 
 The references convert images with TensorFlow and fix two kinds of bad file in
 ImageNet by re-encoding: a PNG saved with a .JPEG name, and JPEGs in CMYK. Here the
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -75,12 +79,12 @@ def _reencode(image: Any) -> bytes:
 
 def feature(value: Any) -> Any:
   """A tf.train.Feature of bytes / str, int, float, a list of one kind (empty: floats), or a
-  numpy array (its dtype gives the kind)."""
+  numpy array (its dtype gives the kind, so an empty one keeps it)."""
   t = tf()
-  if isinstance(value, np.ndarray):  # the dtype says the kind, so an empty list keeps it
+  if isinstance(value, np.ndarray):
     kind = value.dtype.kind
     values = value.reshape(-1).tolist()
-    first = b"" if kind in "SO" else 0.0 if kind == "f" else 0
+    first = b"" if kind in "SOU" else 0.0 if kind == "f" else 0
   else:
     values = list(value) if isinstance(value, (list, tuple)) else [value]
     first = values[0] if values else 0.0
@@ -100,10 +104,36 @@ def serialize(features: dict[str, Any]) -> bytes:
       feature={k: feature(v) for k, v in features.items()})).SerializeToString(deterministic=True)
 
 
-def write(path: Path, records: list[bytes]) -> None:
+def write(path: Path | str, records: Iterable[bytes]) -> None:
+  """Writes serialized records into one TFRecord file."""
   with tf().io.TFRecordWriter(str(path)) as writer:
     for record in records:
       writer.write(record)
+
+
+def write_shards(path_pattern: str, examples: Iterable[dict[str, Any]],
+                 num_shards: int) -> list[str]:
+  """Writes examples (feature dicts, see `feature`) round-robin into `num_shards` files.
+
+  Args:
+    path_pattern: file name with `{index}` and `{count}` fields, e.g.
+      `train-{index:05d}-of-{count:05d}`.
+    examples: dicts of feature name -> value.
+    num_shards: number of files.
+
+  Returns:
+    The written paths.
+  """
+  t = tf()
+  paths = [path_pattern.format(index=i, count=num_shards) for i in range(num_shards)]
+  writers = [t.io.TFRecordWriter(p) for p in paths]
+  try:
+    for i, example in enumerate(examples):
+      writers[i % num_shards].write(serialize(example))
+  finally:
+    for w in writers:
+      w.close()
+  return paths
 
 
 def count(path: Path | str) -> int:

@@ -8,7 +8,8 @@ prefetch. Evaluation sets are split per host by example and padded with masked
 examples so every host runs the same number of steps and no example is dropped
 or counted twice. Batches then move to the devices two at a time.
 
-TensorFlow is imported here and only here, on first use, and kept off any GPU.
+TensorFlow is imported here (and by the record writer, `mlbench.datasets.records`) on
+first use, and kept off any GPU.
 """
 
 from __future__ import annotations
@@ -275,53 +276,3 @@ def _upload_dataset(folder: paths.Path, write: Callable[[Path], Mapping[str, Any
     for f in sorted(p for p in Path(tmp).rglob("*") if p.is_file()):
       storage.put(f, folder.joinpath(*f.relative_to(tmp).parts))
   storage.write_atomic(folder / MANIFEST, json.dumps(dict(description), indent=2))
-
-
-def write_tfrecords(path_pattern: str, examples: Iterable[dict[str, Any]], num_shards: int) -> list[str]:
-  """Writes tf.train.Example protos round-robin into `num_shards` files.
-
-  Args:
-    path_pattern: file name with `{index}` and `{count}` fields, e.g.
-      `train-{index:05d}-of-{count:05d}`.
-    examples: dicts of feature name -> bytes, str, int, float, a list of one
-      kind, or a numpy array (its dtype picks the kind, so empty lists work).
-    num_shards: number of files.
-
-  Returns:
-    The written paths.
-  """
-  t = tf()
-  paths = [path_pattern.format(index=i, count=num_shards) for i in range(num_shards)]
-  writers = [t.io.TFRecordWriter(p) for p in paths]
-  try:
-    for i, example in enumerate(examples):
-      writers[i % num_shards].write(_example(example).SerializeToString())
-  finally:
-    for w in writers:
-      w.close()
-  return paths
-
-
-def _feature(value: Any) -> Any:
-  """A tf.train.Feature; the kind follows the numpy dtype, or the Python type."""
-  t = tf()
-  if isinstance(value, np.ndarray):
-    kind = "f" if np.issubdtype(value.dtype, np.floating) else (
-        "i" if np.issubdtype(value.dtype, np.integer) else "b")
-    values = value.reshape(-1).tolist()
-  else:
-    values = list(value) if isinstance(value, (list, tuple)) else [value]
-    first = values[0] if values else 0
-    kind = "b" if isinstance(first, (bytes, str)) else "f" if isinstance(first, float) else "i"
-  if kind == "b":
-    return t.train.Feature(bytes_list=t.train.BytesList(
-        value=[v.encode() if isinstance(v, str) else v for v in values]))
-  if kind == "f":
-    return t.train.Feature(float_list=t.train.FloatList(value=values))
-  return t.train.Feature(int64_list=t.train.Int64List(value=[int(v) for v in values]))
-
-
-def _example(features: dict[str, Any]) -> Any:
-  t = tf()
-  return t.train.Example(features=t.train.Features(
-      feature={name: _feature(value) for name, value in features.items()}))

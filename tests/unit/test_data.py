@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mlbench.datasets import records
 from mlbench.train import data
 from mlbench.errors import UserError
 
@@ -15,7 +16,7 @@ N = 103  # Not a multiple of any batch or host count used below.
 def files(tmp_path_factory):
   root = tmp_path_factory.mktemp("records")
   examples = ({"id": i, "x": np.array([i, -i], np.float32)} for i in range(N))
-  return data.write_tfrecords(str(root / "part-{index:05d}-of-{count:05d}"), examples, 5)
+  return records.write_shards(str(root / "part-{index:05d}-of-{count:05d}"), examples, 5)
 
 
 def decode(record, seed):

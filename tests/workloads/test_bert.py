@@ -10,6 +10,7 @@ import json
 import jax
 import numpy as np
 
+from mlbench.datasets import records
 from mlbench.train import data, sharding, steps
 from mlbench.workload import Split
 from workloads.bert import WORKLOAD, config, input_pipeline, model, pretraining_data, pydoc
@@ -48,7 +49,7 @@ def test_pretraining_examples_round_trip_through_tfrecords(tmp_path):
   special = {t: i for i, t in enumerate(pretraining_data.SPECIAL)}
   masking = pretraining_data.Masking(max_seq_length=32, max_predictions_per_seq=5)
   written = pretraining_data.examples(docs, special, 50, masking, dupe_factor=2, seed=1)
-  files = data.write_tfrecords(str(tmp_path / "part-{index:05d}-of-{count:05d}"),
+  files = records.write_shards(str(tmp_path / "part-{index:05d}-of-{count:05d}"),
                                iter(written), num_shards=1)
   cfg = dataclasses.replace(config.mini(), data=dataclasses.replace(
       config.mini().data, max_seq_length=32, max_predictions_per_seq=5))

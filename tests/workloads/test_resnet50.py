@@ -7,6 +7,7 @@ import hashlib
 import numpy as np
 import pytest
 
+from mlbench.datasets import records
 from mlbench.train import data, steps
 from mlbench.workload import Split
 from workloads.resnet50 import WORKLOAD, config, digits, input_pipeline
@@ -84,7 +85,7 @@ def photo_record(tmp_path_factory):
   """A real photograph (scikit-learn's china.jpg, 427x640 JPEG) as an ImageNet record."""
   tf = data.tf()
   path = str(tmp_path_factory.mktemp("imagenet") / "train-{index:05d}-of-{count:05d}")
-  data.write_tfrecords(path, [{
+  records.write_shards(path, [{
       "image/encoded": _china_jpeg(), "image/class/label": 608,
       "image/object/bbox/ymin": np.array([0.1], np.float32),
       "image/object/bbox/xmin": np.array([0.2], np.float32),

@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from mlbench.datasets import records
 from mlbench.errors import UserError
 from mlbench.train import data
 from mlbench.workload import Split
@@ -55,7 +56,7 @@ def _decoded(cfg, files):
 
 
 def _write(tmp_path, rows, name="train-00000-of-00001"):
-  return data.write_tfrecords(str(tmp_path / name), [
+  return records.write_shards(str(tmp_path / name), [
       {k: np.asarray(v, np.int64) for k, v in row.items()} for row in rows], 1)
 
 

@@ -19,6 +19,7 @@ import platform
 from pathlib import Path
 
 from mlbench import paths
+from mlbench.datasets import records
 from mlbench.train import data
 from workloads.bert import pretraining_data as ptd
 from workloads.bert.config import BertConfig, Source
@@ -109,7 +110,7 @@ def _write(cfg: BertConfig, folder: Path) -> dict[str, object]:
   for name, (texts, count) in sets.items():
     rows = build(documents(tokenizer, texts), special, len(vocab), masking, count, SEEDS[name])
     prefix, shards = ("part", 8) if name == "train" else ("eval", 1)
-    data.write_tfrecords(str(folder / (prefix + "-{index:05d}-of-{count:05d}")), iter(rows),
+    records.write_shards(str(folder / (prefix + "-{index:05d}-of-{count:05d}")), iter(rows),
                          num_shards=shards)
   tokenizer.save_model(str(folder))  # vocab.txt
   return {"source": f"pydoc_data.topics of CPython {platform.python_version()}",

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from mlbench import paths
+from mlbench.datasets import records
 from mlbench.train import data
 from workloads.moe.config import MoeLMConfig, Source
 from workloads.moe.input_pipeline import TOKENS, dataset_dir
@@ -107,7 +108,7 @@ def _write(cfg: MoeLMConfig, folder: Path) -> dict[str, object]:
   sets = {"train": (sampled(train_ids, length, cfg.data.train_examples, SEED), 8),
           "eval": (tiled(eval_ids, length, cfg.data.eval_examples), 1)}
   for name, (rows, shards) in sets.items():
-    data.write_tfrecords(str(folder / (name + "-{index:05d}-of-{count:05d}")),
+    records.write_shards(str(folder / (name + "-{index:05d}-of-{count:05d}")),
                          ({TOKENS: row} for row in rows), num_shards=shards)
   tokenizer.save(str(folder / "tokenizer.json"))
   return {"source": f"pydoc_data.topics of CPython {platform.python_version()}",

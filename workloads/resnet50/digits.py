@@ -17,12 +17,13 @@ from pathlib import Path
 import numpy as np
 
 from mlbench import paths
+from mlbench.datasets import records
 from mlbench.train import data
-from workloads.resnet50.config import ResNetConfig, Source
+from workloads.resnet50.config import DIGITS_SPLIT, ResNetConfig, Source
 from workloads.resnet50.input_pipeline import dataset_dir
 
 STORED_SIZE = 32
-EVAL_SIZE = 540
+EVAL_SIZE = DIGITS_SPLIT[1]
 SPLIT_SEED = 0
 NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
@@ -76,9 +77,9 @@ def _write(cfg: ResNetConfig, folder: Path) -> dict[str, object]:
   if (len(x_tr), len(x_ev)) != (cfg.data.train_examples, cfg.data.eval_examples):
     raise ValueError(f"digits split is {len(x_tr)}/{len(x_ev)} but the config says "
                      f"{cfg.data.train_examples}/{cfg.data.eval_examples}")
-  data.write_tfrecords(str(folder / "train-{index:05d}-of-{count:05d}"),
+  records.write_shards(str(folder / "train-{index:05d}-of-{count:05d}"),
                        _examples(x_tr, y_tr, "train"), num_shards=8)
-  data.write_tfrecords(str(folder / "validation-{index:05d}-of-{count:05d}"),
+  records.write_shards(str(folder / "validation-{index:05d}-of-{count:05d}"),
                        _examples(x_ev, y_ev, "validation"), num_shards=4)
   return {"source": "sklearn.datasets.load_digits (UCI Optdigits test set)",
           "train_examples": len(x_tr), "eval_examples": len(x_ev), "stored_size": STORED_SIZE,

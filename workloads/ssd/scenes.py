@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from mlbench import paths
+from mlbench.datasets import records
 from mlbench.train import data
-from workloads.ssd.config import Source, SSDConfig
+from workloads.ssd.config import SCENE_SIZE, SSDConfig, Source
 from workloads.ssd.input_pipeline import dataset_dir
 
-SCENE_SIZE = 32
 GLYPH_SIZES = (8, 16)      # side of a scaled glyph, inclusive range
 DIGITS_PER_SCENE = (1, 3)  # inclusive range
 INK = 4                    # source intensity (0..16) that counts as ink for the box
@@ -130,14 +130,11 @@ def prepare(cfg: SSDConfig, data_dir: Path) -> None:
 
 
 def _write(cfg: SSDConfig, folder: Path) -> dict[str, object]:
-  if cfg.data.image_size != SCENE_SIZE:
-    raise ValueError(f"digit scenes are {SCENE_SIZE}x{SCENE_SIZE}; the config reads "
-                     f"{cfg.data.image_size}")
   x_tr, y_tr, x_ev, y_ev = glyphs()
   train, evals = cfg.data.train_examples, cfg.data.eval_examples
-  data.write_tfrecords(str(folder / "train-{index:05d}-of-{count:05d}"),
+  records.write_shards(str(folder / "train-{index:05d}-of-{count:05d}"),
                        _examples(x_tr, y_tr, train, TRAIN_SEED, "train"), num_shards=8)
-  data.write_tfrecords(str(folder / "val-{index:05d}-of-{count:05d}"),
+  records.write_shards(str(folder / "val-{index:05d}-of-{count:05d}"),
                        _examples(x_ev, y_ev, evals, EVAL_SEED, "val"), num_shards=4)
   return {"source": "sklearn.datasets.load_digits (UCI Optdigits test set), composed into scenes",
           "train_examples": train, "eval_examples": evals, "scene_size": SCENE_SIZE,

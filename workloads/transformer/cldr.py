@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from mlbench import paths
+from mlbench.datasets import records
 from mlbench.train import data
 from workloads.transformer import vocab
 from workloads.transformer.config import Source, TransformerConfig
@@ -167,9 +168,9 @@ def _write(cfg: TransformerConfig, folder: Path) -> dict[str, object]:
                     cfg.model.vocab_size)
   train, evals = split(cfg, tok)
   tok.save(str(folder / vocab.TOKENIZER_FILE))
-  data.write_tfrecords(str(folder / "train-{index:05d}-of-{count:05d}"),
+  records.write_shards(str(folder / "train-{index:05d}-of-{count:05d}"),
                        _examples(tok, train), num_shards=8)
-  data.write_tfrecords(str(folder / "dev-{index:05d}-of-{count:05d}"),
+  records.write_shards(str(folder / "dev-{index:05d}-of-{count:05d}"),
                        _examples(tok, evals), num_shards=1)
   lengths = [len(vocab.encode(tok, t)) for pair in train for t in pair]
   import babel

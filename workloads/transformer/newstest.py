@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 from etils import epath
 
+from mlbench.datasets import records
 from mlbench.errors import UserError
 from workloads.transformer import vocab
 from workloads.transformer.config import TransformerConfig
@@ -83,7 +84,7 @@ def prepare(cfg: TransformerConfig, data_dir: Path, vocab_file: Path) -> Path:
     rows = ({"inputs": np.asarray([*words.encode(en), vocab.EOS], np.int64),
              "targets": np.asarray([*words.encode(de), vocab.EOS], np.int64)}
             for en, de in zip(source_lines(source), reference_lines(reference), strict=True))
-    data.write_tfrecords(str(tmp / RECORDS), rows, num_shards=1)
+    records.write_shards(str(tmp / RECORDS), rows, num_shards=1)
     return {"source": "newstest2014.en / .de, encoded as the reference's translate.py does",
             "vocabulary": str(vocab_file), "sentences": cfg.data.eval_examples}
 
