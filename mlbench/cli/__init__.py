@@ -4,7 +4,8 @@ Commands parse and validate their options, then call one library function.
 JAX, Flax and TensorFlow are imported inside command bodies only, so
 `mlbench --help` answers at once. Human output goes to stderr (rich); machine
 output (one JSON line per run) goes to stdout. Bad input ends with a one-line
-`error: ...` and exit code 2, never a traceback.
+`error: ...` and exit code 2, never a traceback; an unexpected exception with a short one
+without library frames and exit code 70 (`mlbench.cli.crash`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import click
 
 from mlbench import __version__
+from mlbench.cli import crash
 from mlbench.cli.check import check_cmd
 from mlbench.cli.compare import compare_cmd
 from mlbench.cli.data import data_group
@@ -49,6 +51,7 @@ def _fail(message: str, code: int = 2) -> int:
 
 def main(argv: list[str] | None = None) -> int:
   """Entry point of the `mlbench` console script; returns the exit code."""
+  crash.debugging()  # before anything imports JAX
   try:
     result = cli.main(args=argv, prog_name="mlbench", standalone_mode=False)
   except UserError as e:
@@ -67,4 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     return _fail("aborted", 130)
   except KeyboardInterrupt:
     return _fail("interrupted", 130)
+  except Exception as e:  # The last resort: a bug, reported short (MLBENCH_DEBUG=1: in full).
+    return crash.handle(e)
   return result if isinstance(result, int) else 0
