@@ -235,6 +235,25 @@ def prefetch(batches: Iterable[Any], put: Callable[[Any], Any], depth: int = 2) 
     yield queue.popleft()
 
 
+GENERATE_HINT = "run without --data-dir to generate it"
+"""What a user who points --data-dir at a folder without a mini dataset is told."""
+
+
+def find_files(folder: paths.Path, globs: Sequence[str], *, generated: bool,
+               supplied: str) -> list[str]:
+  """The files in `folder` that match any of `globs`, sorted (an `InputSpec.files` helper).
+
+  Raises:
+    UserError: none match; naming the patterns and what to do: generate the dataset
+      (`generated`: the config's data is written by mlbench) or `supplied`.
+  """
+  found = sorted({str(p) for g in globs for p in folder.glob(g) if p.is_file()})
+  if not found:
+    raise UserError(f"no {' or '.join(globs)} TFRecord files in {folder}; "
+                    f"{GENERATE_HINT if generated else supplied}")
+  return found
+
+
 def is_generated(folder: paths.PathLike) -> bool:
   """Whether `write_dataset` has completed `folder` (a local one or a bucket's)."""
   return (paths.path(folder) / MANIFEST).is_file()

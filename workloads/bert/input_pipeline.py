@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from mlbench import paths
-from mlbench.errors import UserError
+from mlbench.train import data
 from mlbench.workload import Split
 from workloads.bert.config import BertConfig, Source
 
@@ -30,13 +30,10 @@ def dataset_dir(cfg: BertConfig, data_dir: Path) -> Path:
 
 
 def files(cfg: BertConfig, data_dir: Path, split: Split) -> list[str]:
-  folder = dataset_dir(cfg, paths.path(data_dir))
-  found = sorted({str(p) for g in _GLOBS[split] for p in folder.glob(g)})
-  if not found:
-    hint = ("run without --data-dir to generate it" if cfg.data.source is Source.PYDOC else
-            "point --data-dir at the MLPerf BERT TFRecords (part-*-of-00500 and eval_10k)")
-    raise UserError(f"no {' or '.join(_GLOBS[split])} TFRecord files in {folder}; {hint}")
-  return found
+  return data.find_files(
+      dataset_dir(cfg, paths.path(data_dir)), _GLOBS[split],
+      generated=cfg.data.source is Source.PYDOC,
+      supplied="point --data-dir at the MLPerf BERT TFRecords (part-*-of-00500 and eval_10k)")
 
 
 def feature_shapes(cfg: BertConfig) -> dict[str, tuple[int, ...]]:

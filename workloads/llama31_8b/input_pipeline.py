@@ -21,7 +21,9 @@ import numpy as np
 
 from mlbench import paths
 from mlbench.errors import UserError
+from mlbench.train import data
 from mlbench.workload import Split
+from workloads.common import llm
 from workloads.llama31_8b import indexed
 from workloads.llama31_8b.config import LlamaConfig, Source
 
@@ -47,7 +49,7 @@ def files(cfg: LlamaConfig, data_dir: Path, split: Split) -> list[str]:
   found = [str(p) + ext for ext in (".bin", ".idx")]
   missing = [f for f in found if not paths.path(f).is_file()]
   if missing:
-    hint = ("run without --data-dir to generate it" if cfg.data.source is Source.PYDOC else
+    hint = (data.GENERATE_HINT if cfg.data.source is Source.PYDOC else
             "point --data-dir at the reference's preprocessed C4 (llama3_1_8b_preprocessed_"
             "c4_dataset, see the mlcommons/training small_llm_pretraining README)")
     raise UserError(f"missing Megatron dataset file {missing[0]}; {hint}")
@@ -92,7 +94,5 @@ def synthetic_batch(cfg: LlamaConfig, split: Split, batch_size: int,
   """Random samples with the pipeline's keys, shapes and dtypes, and a learnable signal:
   each sample repeats a random 8-token pattern."""
   del split
-  period = 8
-  pattern = rng.integers(0, cfg.model.vocab_size, (batch_size, period))
-  reps = -(-(cfg.data.seq_length + 1) // period)
-  return {TOKENS: np.tile(pattern, (1, reps))[:, :cfg.data.seq_length + 1].astype(np.int32)}
+  return {TOKENS: llm.repeating_tokens(rng, batch_size, cfg.data.seq_length + 1,
+                                       cfg.model.vocab_size)}

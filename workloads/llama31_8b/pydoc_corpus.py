@@ -26,12 +26,12 @@ import numpy as np
 
 from mlbench import paths
 from mlbench.train import data
+from workloads.common import llm
 from workloads.llama31_8b import indexed
 from workloads.llama31_8b.config import LlamaConfig, Source
 from workloads.llama31_8b.input_pipeline import dataset_dir
 
 EVAL_EVERY = 10
-END_OF_TEXT = "<|endoftext|>"
 _SKIPPED = {"site-packages", "dist-packages", "test", "idlelib", "lib2to3", "tkinter",
             "turtledemo", "ensurepip", "__pycache__"}
 
@@ -70,19 +70,9 @@ def split(docs: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
   return train, held_out
 
 
-def train_tokenizer(texts: list[str], vocab_size: int):
-  """A byte-level BPE tokenizer with one special token, `<|endoftext|>` (id 0)."""
-  from tokenizers import ByteLevelBPETokenizer
-
-  tokenizer = ByteLevelBPETokenizer()
-  tokenizer.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=2,
-                                special_tokens=[END_OF_TEXT], show_progress=False)
-  return tokenizer
-
-
 def encode(tokenizer, texts: list[str]) -> list[np.ndarray]:
   """Every text's ids followed by `<|endoftext|>`."""
-  end = tokenizer.token_to_id(END_OF_TEXT)
+  end = tokenizer.token_to_id(llm.END_OF_TEXT)
   return [np.asarray([*e.ids, end], np.int64) for e in tokenizer.encode_batch(texts)]
 
 
@@ -97,7 +87,7 @@ def prepare(cfg: LlamaConfig, data_dir: Path) -> None:
 def _write(cfg: LlamaConfig, folder: Path) -> dict[str, object]:
   docs = documents()
   train_texts, eval_texts = split(docs)
-  tokenizer = train_tokenizer(train_texts, cfg.model.vocab_size)
+  tokenizer = llm.train_tokenizer(train_texts, cfg.model.vocab_size)
   dtype = np.uint16 if tokenizer.get_vocab_size() < 65500 else np.int32
   counts = {}
   for prefix, texts in ((cfg.data.train_prefix, train_texts), (cfg.data.eval_prefix, eval_texts)):

@@ -9,14 +9,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from mlbench.train import optim
 from mlbench.workload import EvalPart, LayerStack, Schedule, StepContext
-from workloads.llama31_8b.config import DType, LlamaConfig
+from workloads.common import llm
+from workloads.llama31_8b.config import LlamaConfig
 from workloads.llama31_8b.input_pipeline import TOKENS
 from workloads.llama31_8b.model import Llama
-
-PRECISION = {DType.FLOAT32: "fp32", DType.BFLOAT16: "bfloat16"}
-"""DType -> the value of the 6.0.0 `lowest_numerical_precision_in_*` keys."""
 
 
 def schedule(cfg: LlamaConfig) -> Schedule:
@@ -117,29 +114,12 @@ def optimizer(cfg: LlamaConfig, sched: Schedule) -> optax.GradientTransformation
                                  weight_decay=o.weight_decay, mask=decay_mask))
 
 
-def _mesh_size(ctx: StepContext, axis: str) -> int:
-  return int(ctx.mesh.shape.get(axis, 1)) if ctx.mesh is not None else 1
-
-
 def hparams(cfg: LlamaConfig, sched: Schedule, ctx: StepContext) -> dict[str, Any]:
   """The keys of closed_llama31_8b.yaml (6.0.0) and its optional precision and
-  parallelism disclosure (common.yaml). micro_batch_size is sequences per data-parallel
-  replica per accumulation step (and per pipeline microbatch), as the reference's MBS."""
-  o, precision = cfg.optimizer, PRECISION[cfg.model.dtype]
-  replicas = _mesh_size(ctx, "data")
-  pipelined = ctx.microbatches if _mesh_size(ctx, "stage") > 1 else 1
-  return {"max_sequence_length": cfg.data.seq_length,
-          **optim.adamw_cosine_hparams(o),
-          "lowest_numerical_precision_in_linear": precision,
-          "lowest_numerical_precision_in_attn": precision,
-          "lowest_numerical_precision_in_comm": precision,
-          "tensor_parallelism": _mesh_size(ctx, "model"),
-          "pipeline_parallelism": _mesh_size(ctx, "stage"),
-          "context_parallelism": 1,
-          "expert_parallelism": 1,
-          "micro_batch_size": max(1, sched.global_batch_size // (
-              replicas * sched.gradient_accumulation_steps * pipelined)),
-          "config_filename": cfg.name}
+  parallelism disclosure (common.yaml)."""
+  return llm.hparams(cfg.optimizer, sched, ctx, dtype=cfg.model.dtype,
+                     seq_length=cfg.data.seq_length, name=cfg.name,
+                     replicas=llm.mesh_size(ctx, "data"))
 
 
 def partition_rules(cfg: LlamaConfig) -> list[tuple[str, Any]]:

@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from mlbench import paths
-from mlbench.errors import UserError
+from mlbench.train import data
 from mlbench.workload import Split
+from workloads.common import llm
 from workloads.moe.config import MoeLMConfig, Source
 
 PYDOC_DIR = "moe-pydoc"
@@ -34,14 +35,11 @@ def dataset_dir(cfg: MoeLMConfig, data_dir: Path) -> Path:
 
 
 def files(cfg: MoeLMConfig, data_dir: Path, split: Split) -> list[str]:
-  folder = dataset_dir(cfg, paths.path(data_dir))
-  found = sorted(str(p) for p in folder.glob(_GLOBS[split]))
-  if not found:
-    hint = ("run without --data-dir to generate it" if cfg.data.source is Source.PYDOC else
-            f"point --data-dir at TFRecords of `{TOKENS}` sequences ({cfg.data.seq_length + 1} "
-            "int64 ids each) named train-* and eval-*")
-    raise UserError(f"no {_GLOBS[split]} TFRecord files in {folder}; {hint}")
-  return found
+  return data.find_files(
+      dataset_dir(cfg, paths.path(data_dir)), (_GLOBS[split],),
+      generated=cfg.data.source is Source.PYDOC,
+      supplied=f"point --data-dir at TFRecords of `{TOKENS}` sequences "
+               f"({cfg.data.seq_length + 1} int64 ids each) named train-* and eval-*")
 
 
 def feature_shapes(cfg: MoeLMConfig) -> dict[str, tuple[int, ...]]:
@@ -68,8 +66,5 @@ def synthetic_batch(cfg: MoeLMConfig, split: Split, batch_size: int,
   """Random sequences with `decode`'s keys, shapes and dtypes, and a learnable signal:
   each sequence repeats a random 8-token pattern."""
   del split
-  period = 8
-  pattern = rng.integers(1, cfg.model.vocab_size, (batch_size, period))
-  reps = -(-(cfg.data.seq_length + 1) // period)
-  tokens = np.tile(pattern, (1, reps))[:, :cfg.data.seq_length + 1]
-  return {TOKENS: tokens.astype(np.int32)}
+  return {TOKENS: llm.repeating_tokens(rng, batch_size, cfg.data.seq_length + 1,
+                                       cfg.model.vocab_size, low=1)}

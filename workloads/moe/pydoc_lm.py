@@ -26,12 +26,12 @@ import numpy as np
 from mlbench import paths
 from mlbench.datasets import records
 from mlbench.train import data
+from workloads.common import llm
 from workloads.moe.config import MoeLMConfig, Source
 from workloads.moe.input_pipeline import TOKENS, dataset_dir
 
 BLOCK_CHARS = 2000
 EVAL_EVERY = 10
-END_OF_TEXT = "<|endoftext|>"
 SEED = 20200630  # GShard's arXiv date; any fixed number
 
 
@@ -58,19 +58,9 @@ def blocks() -> tuple[list[str], list[str]]:
   return train, held_out
 
 
-def train_tokenizer(texts: list[str], vocab_size: int):
-  """A byte-level BPE tokenizer with one special token, `<|endoftext|>` (id 0)."""
-  from tokenizers import ByteLevelBPETokenizer
-
-  tokenizer = ByteLevelBPETokenizer()
-  tokenizer.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=2,
-                                special_tokens=[END_OF_TEXT], show_progress=False)
-  return tokenizer
-
-
 def stream(tokenizer, texts: list[str]) -> np.ndarray:
   """The token ids of `texts`, each followed by `<|endoftext|>`, as one array."""
-  end = tokenizer.token_to_id(END_OF_TEXT)
+  end = tokenizer.token_to_id(llm.END_OF_TEXT)
   return np.asarray([i for e in tokenizer.encode_batch(texts) for i in [*e.ids, end]], np.int64)
 
 
@@ -102,7 +92,7 @@ def prepare(cfg: MoeLMConfig, data_dir: Path) -> None:
 
 def _write(cfg: MoeLMConfig, folder: Path) -> dict[str, object]:
   train_texts, eval_texts = blocks()
-  tokenizer = train_tokenizer(train_texts, cfg.model.vocab_size)
+  tokenizer = llm.train_tokenizer(train_texts, cfg.model.vocab_size)
   length = cfg.data.seq_length
   train_ids, eval_ids = stream(tokenizer, train_texts), stream(tokenizer, eval_texts)
   sets = {"train": (sampled(train_ids, length, cfg.data.train_examples, SEED), 8),

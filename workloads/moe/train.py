@@ -11,13 +11,10 @@ import optax
 
 from mlbench.train import optim
 from mlbench.workload import EvalPart, LayerStack, Schedule, StepContext
-from workloads.common import transformer as blocks
-from workloads.moe.config import DType, MoeLMConfig
+from workloads.common import llm, transformer as blocks
+from workloads.moe.config import MoeLMConfig
 from workloads.moe.input_pipeline import TOKENS
 from workloads.moe.model import MoeLM, is_moe_layer
-
-PRECISION = {DType.FLOAT32: "fp32", DType.BFLOAT16: "bfloat16"}
-"""DType -> the value of the MLPerf 6.1 `lowest_numerical_precision_in_*` keys."""
 
 
 def schedule(cfg: MoeLMConfig) -> Schedule:
@@ -93,28 +90,14 @@ def optimizer(cfg: MoeLMConfig, sched: Schedule) -> optax.GradientTransformation
                                  weight_decay=o.weight_decay, mask=optim.kernel_mask))
 
 
-def _mesh_size(ctx: StepContext, axis: str) -> int:
-  return int(ctx.mesh.shape.get(axis, 1)) if ctx.mesh is not None else 1
-
-
 def hparams(cfg: MoeLMConfig, sched: Schedule, ctx: StepContext) -> dict[str, Any]:
   """The keys of the MLPerf 6.1 MoE rules (closed_gpt_oss_20b.yaml, moe_aux_loss_coeff
   of closed_deepseekv3_671b.yaml, and the 6.1 precision and parallelism disclosure)."""
-  o, precision = cfg.optimizer, PRECISION[cfg.model.dtype]
-  replicas = _mesh_size(ctx, "data") * _mesh_size(ctx, "expert")
-  return {"max_sequence_length": cfg.data.seq_length,
-          **optim.adamw_cosine_hparams(o),
-          "moe_aux_loss_coeff": cfg.model.moe.aux_loss_coeff,
-          "lowest_numerical_precision_in_linear": precision,
-          "lowest_numerical_precision_in_attn": precision,
-          "lowest_numerical_precision_in_comm": precision,
-          "tensor_parallelism": _mesh_size(ctx, "model"),
-          "pipeline_parallelism": _mesh_size(ctx, "stage"),
-          "context_parallelism": 1,
-          "expert_parallelism": _mesh_size(ctx, "expert"),
-          "micro_batch_size": max(1, sched.global_batch_size // (
-              replicas * (ctx.microbatches if _mesh_size(ctx, "stage") > 1 else 1))),
-          "config_filename": cfg.name}
+  experts = llm.mesh_size(ctx, "expert")
+  return {**llm.hparams(cfg.optimizer, sched, ctx, dtype=cfg.model.dtype,
+                        seq_length=cfg.data.seq_length, name=cfg.name,
+                        replicas=llm.mesh_size(ctx, "data") * experts, experts=experts),
+          "moe_aux_loss_coeff": cfg.model.moe.aux_loss_coeff}
 
 
 def partition_rules(cfg: MoeLMConfig) -> list[tuple[str, Any]]:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from mlbench import paths
-from mlbench.errors import UserError
+from mlbench.train import data
 from mlbench.workload import Split
 from workloads.resnet50.config import ResNetConfig, Source
 
@@ -32,24 +32,15 @@ def dataset_dir(cfg: ResNetConfig, data_dir: Path) -> Path:
 
 
 def files(cfg: ResNetConfig, data_dir: Path, split: Split) -> list[str]:
-  folder = dataset_dir(cfg, paths.path(data_dir))
   prefix = "train" if split is Split.TRAIN else "validation"
-  found = sorted(str(p) for p in folder.glob(f"{prefix}-*-of-*"))
-  if not found:
-    hint = ("run without --data-dir to generate it" if cfg.data.source is Source.DIGITS else
-            "point --data-dir at the ImageNet TFRecords written by imagenet_to_gcs.py")
-    raise UserError(f"no {prefix}-*-of-* TFRecord files in {folder}; {hint}")
-  return found
-
-
-def _tf():
-  from mlbench.train.data import tf
-
-  return tf()
+  return data.find_files(
+      dataset_dir(cfg, paths.path(data_dir)), (f"{prefix}-*-of-*",),
+      generated=cfg.data.source is Source.DIGITS,
+      supplied="point --data-dir at the ImageNet TFRecords written by imagenet_to_gcs.py")
 
 
 def _parse(record: Any) -> dict[str, Any]:
-  tf = _tf()
+  tf = data.tf()
   spec = {"image/encoded": tf.io.FixedLenFeature([], tf.string),
           "image/class/label": tf.io.FixedLenFeature([], tf.int64)}
   spec.update({k: tf.io.VarLenFeature(tf.float32) for k in _BOX_KEYS})
@@ -57,7 +48,7 @@ def _parse(record: Any) -> dict[str, Any]:
 
 
 def _normalize(cfg: ResNetConfig, image: Any) -> Any:
-  tf = _tf()
+  tf = data.tf()
   size = cfg.data.image_size
   image = tf.reshape(tf.cast(image, tf.float32), [size, size, 3])
   return (image - tf.constant(cfg.data.mean_rgb)) / tf.constant(cfg.data.stddev_rgb)
@@ -65,19 +56,19 @@ def _normalize(cfg: ResNetConfig, image: Any) -> Any:
 
 def _resize(image: Any, height: Any, width: Any) -> Any:
   # The reference's resize: bilinear, align_corners=False, TF1 pixel centers.
-  tf = _tf()
+  tf = data.tf()
   return tf.compat.v1.image.resize(image, [height, width],
                                    method=tf.image.ResizeMethod.BILINEAR, align_corners=False)
 
 
 def _label(cfg: ResNetConfig, features: dict[str, Any]) -> Any:
-  tf = _tf()
+  tf = data.tf()
   return tf.cast(features["image/class/label"], tf.int32) - cfg.data.label_offset
 
 
 def decode_train(cfg: ResNetConfig):
   def decode(record: Any, seed: Any) -> dict[str, Any]:
-    tf = _tf()
+    tf = data.tf()
     f = _parse(record)
     crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
     boxes = tf.stack([f[k].values for k in _BOX_KEYS], axis=-1)[tf.newaxis]  # [1, N, 4]
@@ -99,7 +90,7 @@ def decode_train(cfg: ResNetConfig):
 def decode_eval(cfg: ResNetConfig):
   def decode(record: Any, seed: Any) -> dict[str, Any]:
     del seed  # Evaluation is deterministic.
-    tf = _tf()
+    tf = data.tf()
     f = _parse(record)
     image = tf.io.decode_jpeg(f["image/encoded"], channels=3)
     shape = tf.cast(tf.shape(image)[:2], tf.float32)

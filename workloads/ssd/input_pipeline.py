@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from mlbench import paths
-from mlbench.errors import UserError
+from mlbench.train import data
 from mlbench.workload import Split
 from workloads.ssd.config import SSDConfig, Source
 
@@ -45,23 +45,14 @@ def dataset_dir(cfg: SSDConfig, data_dir: Path) -> Path:
 
 
 def files(cfg: SSDConfig, data_dir: Path, split: Split) -> list[str]:
-  folder = dataset_dir(cfg, paths.path(data_dir))
-  found = sorted({str(p) for g in GLOBS[split] for p in folder.glob(g)})
-  if not found:
-    hint = ("run without --data-dir to generate it" if cfg.data.source is Source.DIGITS else
-            "point --data-dir at COCO 2017 TFRecords written by create_coco_tf_record.py")
-    raise UserError(f"no {' or '.join(GLOBS[split])} TFRecord files in {folder}; {hint}")
-  return found
-
-
-def _tf():
-  from mlbench.train.data import tf
-
-  return tf()
+  return data.find_files(
+      dataset_dir(cfg, paths.path(data_dir)), GLOBS[split],
+      generated=cfg.data.source is Source.DIGITS,
+      supplied="point --data-dir at COCO 2017 TFRecords written by create_coco_tf_record.py")
 
 
 def _parse(record: Any) -> dict[str, Any]:
-  tf = _tf()
+  tf = data.tf()
   spec = {"image/encoded": tf.io.FixedLenFeature([], tf.string),
           "image/source_id": tf.io.FixedLenFeature([], tf.string, default_value="0"),
           "image/object/class/label": tf.io.VarLenFeature(tf.int64),
@@ -78,7 +69,7 @@ def keep(cfg: SSDConfig, split: Split):
   utils.py L545-555), leaving 117,266 of train2017's 118,287 images and 4,952 of
   val2017's 5,000, the sizes it logs (train.py L239-240)."""
   del cfg, split
-  tf = _tf()
+  tf = data.tf()
 
   def has_boxes(record: Any) -> Any:
     labels = tf.io.parse_single_example(
@@ -91,7 +82,7 @@ def keep(cfg: SSDConfig, split: Split):
 def _objects(cfg: SSDConfig, f: dict[str, Any], hw: Any) -> dict[str, Any]:
   """Boxes [N, 4] (ltrb), classes 1..K-1 (0: a category the config does not know),
   crowd flags and areas (in pixels; the box area where the record has none)."""
-  tf = _tf()
+  tf = data.tf()
   boxes = tf.stack([f[k] for k in _BOX_KEYS], axis=-1)
   ids = f["image/object/class/label"]
   table = np.zeros(max(cfg.data.category_ids) + 1, np.int32)
@@ -109,7 +100,7 @@ def _objects(cfg: SSDConfig, f: dict[str, Any], hw: Any) -> dict[str, Any]:
 
 
 def _pad(x: Any, size: int) -> Any:
-  tf = _tf()
+  tf = data.tf()
   x = x[:size]
   pad = [[0, size - tf.shape(x)[0]]] + [[0, 0]] * (len(x.shape) - 1)
   return tf.pad(x, pad)
@@ -117,20 +108,20 @@ def _pad(x: Any, size: int) -> Any:
 
 def _normalize(cfg: SSDConfig, image: Any) -> Any:
   """uint8 or 0..255 float image -> resized, scaled to 0..1, mean and stddev removed."""
-  tf = _tf()
+  tf = data.tf()
   size = cfg.data.image_size
   image = tf.image.resize(tf.cast(image, tf.float32), [size, size], method="bilinear")
   return _standardize(cfg, image / 255.0)
 
 
 def _standardize(cfg: SSDConfig, image: Any) -> Any:
-  tf = _tf()
+  tf = data.tf()
   image = tf.reshape(image, [cfg.data.image_size, cfg.data.image_size, 3])
   return (image - tf.constant(cfg.data.mean_rgb)) / tf.constant(cfg.data.stddev_rgb)
 
 
 def _pairwise_iou(a_N4: Any, b_M4: Any) -> Any:
-  tf = _tf()
+  tf = data.tf()
   lt = tf.maximum(a_N4[:, None, :2], b_M4[None, :, :2])
   rb = tf.minimum(a_N4[:, None, 2:], b_M4[None, :, 2:])
   inter = tf.reduce_prod(tf.maximum(rb - lt, 0.0), axis=-1)
@@ -152,7 +143,7 @@ def choose_crop(boxes_N4: Any, seed: Any, tries: int) -> tuple[Any, Any]:
   Returns:
     (do_crop, window): a bool, and (left, top, right, bottom) normalised.
   """
-  tf = _tf()
+  tf = data.tf()
   shape = [_CROP_PASSES, tries]
   s = tf.unstack(tf.random.experimental.stateless_split(seed, 5))
   mode_P = tf.random.stateless_uniform([_CROP_PASSES], s[0], 0, len(_CROP_MIN_IOU), tf.int32)
@@ -181,7 +172,7 @@ def choose_crop(boxes_N4: Any, seed: Any, tries: int) -> tuple[Any, Any]:
 def _crop(image: Any, objects: dict[str, Any], window: Any) -> tuple[Any, dict[str, Any]]:
   """Crops to `window` (pixel edges truncated, as the reference's PIL crop), keeps the
   boxes whose centre is inside, clips them to the window and renormalises them."""
-  tf = _tf()
+  tf = data.tf()
   hw = tf.cast(tf.shape(image)[:2], tf.float32)
   left, top, right, bottom = tf.unstack(window)
   x0, x1 = tf.cast(left * hw[1], tf.int32), tf.cast(right * hw[1], tf.int32)
@@ -202,12 +193,12 @@ _LUMA = (0.299, 0.587, 0.114)  # PIL's convert("L"), ITU-R 601-2
 
 def _blend(degenerate: Any, image: Any, factor: Any) -> Any:
   """PIL's Image.blend(degenerate, image, factor), clipped to the 0..1 range."""
-  tf = _tf()
+  tf = data.tf()
   return tf.clip_by_value(degenerate + factor * (image - degenerate), 0.0, 1.0)
 
 
 def _luma(image: Any) -> Any:
-  tf = _tf()
+  tf = data.tf()
   return tf.reduce_sum(image * tf.constant(_LUMA), axis=-1, keepdims=True)
 
 
@@ -217,7 +208,7 @@ def jitter_ops() -> list:
   ImageEnhance.Brightness blends with black, Contrast with the image's mean grey
   level (a single value, rounded to a whole 8-bit level), Color with the image's
   own grey version; hue shifts the HSV hue by a fraction of the circle."""
-  tf = _tf()
+  tf = data.tf()
 
   def contrast(image, f):
     mean = tf.floor(tf.reduce_mean(_luma(image)) * 255.0 + 0.5) / 255.0
@@ -232,7 +223,7 @@ def jitter_ops() -> list:
 def jitter_order(seed: Any) -> Any:
   """A uniformly random order of the four adjustments: torchvision's ColorJitter
   shuffles them on every call (`random.shuffle(transforms)` in get_params)."""
-  tf = _tf()
+  tf = data.tf()
   return tf.argsort(tf.random.stateless_uniform([4], seed))
 
 
@@ -240,7 +231,7 @@ def _jitter(image: Any, seed: Any) -> Any:
   """torchvision ColorJitter(brightness=0.125, contrast=0.5, saturation=0.5, hue=0.05)
   (retired_benchmarks/ssd-v1/ssd/utils.py L461-463) on a 0..1 image: the factors
   drawn from [1 - x, 1 + x] (hue: [-0.05, 0.05]), applied in a random order."""
-  tf = _tf()
+  tf = data.tf()
   s = tf.unstack(tf.random.experimental.stateless_split(seed, 5))
   factors = tf.stack([tf.random.stateless_uniform([], s[0], 0.875, 1.125),
                       tf.random.stateless_uniform([], s[1], 0.5, 1.5),
@@ -257,7 +248,7 @@ def decode_train(cfg: SSDConfig):
   d = cfg.data
 
   def decode(record: Any, seed: Any) -> dict[str, Any]:
-    tf = _tf()
+    tf = data.tf()
     f = _parse(record)
     image = tf.io.decode_jpeg(f["image/encoded"], channels=3)
     objects = _objects(cfg, f, tf.shape(image)[:2])
@@ -294,7 +285,7 @@ def decode_eval(cfg: SSDConfig):
 
   def decode(record: Any, seed: Any) -> dict[str, Any]:
     del seed  # Evaluation is deterministic.
-    tf = _tf()
+    tf = data.tf()
     f = _parse(record)
     image = tf.io.decode_jpeg(f["image/encoded"], channels=3)
     hw = tf.shape(image)[:2]

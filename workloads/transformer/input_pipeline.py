@@ -20,6 +20,7 @@ import numpy as np
 
 from mlbench import paths
 from mlbench.errors import UserError
+from mlbench.train import data
 from mlbench.workload import Split
 from workloads.transformer import newstest, vocab
 from workloads.transformer.config import Source, TransformerConfig
@@ -50,13 +51,10 @@ def files(cfg: TransformerConfig, data_dir: Path, split: Split) -> list[str]:
   folder = dataset_dir(cfg, paths.path(data_dir))
   if split is Split.EVAL and cfg.data.source is Source.WMT:
     folder = newstest.records_dir(folder, paths.path(find_vocab(cfg, folder)), cfg.data.eval_examples)
-  found = sorted(str(p) for p in folder.glob(_GLOBS[split]) if p.is_file())
-  if not found:
-    hint = ("run without --data-dir to generate it" if cfg.data.source is Source.CLDR else
-            "point --data-dir at the MLPerf WMT en-de TFRecords (*train*), their vocabulary "
-            "and newstest2014.en/.de")
-    raise UserError(f"no {_GLOBS[split]} TFRecord files in {folder}; {hint}")
-  return found
+  return data.find_files(
+      folder, (_GLOBS[split],), generated=cfg.data.source is Source.CLDR,
+      supplied="point --data-dir at the MLPerf WMT en-de TFRecords (*train*), their "
+               "vocabulary and newstest2014.en/.de")
 
 
 def record_format(path: str) -> str | None:
