@@ -7,7 +7,11 @@ compilation cache go to a per-session temporary folder, never to the user's ~/.c
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import random
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -36,39 +40,181 @@ def _cache_dir(tmp_path_factory):
     os.environ["MLBENCH_CACHE_DIR"] = old
 
 
-@pytest.fixture(scope="session")
-def data_dir(_cache_dir) -> Path:
-  """The ResNet-50 mini dataset (digits TFRecords), generated once per session."""
-  from workloads.resnet50 import WORKLOAD, config
+def _mini_data(cache: Path, workload: str) -> Path:
+  """The data folder with `workload`'s mini dataset in it, generated once per session (each
+  workload writes its own subfolder)."""
+  from mlbench import registry
 
-  path = _cache_dir / "data"
-  WORKLOAD.input.prepare(config.mini(), path)
-  return path
-
-
-@pytest.fixture(scope="session")
-def bert_data_dir(_cache_dir) -> Path:
-  """The BERT mini dataset (pydoc TFRecords), generated once per session."""
-  from workloads.bert import WORKLOAD, config
-
-  path = _cache_dir / "data"
-  WORKLOAD.input.prepare(config.mini(), path)
-  return path
+  w = registry.get(workload)
+  w.input.prepare(w.configs["mini"](), cache / "data")
+  return cache / "data"
 
 
-def _run_mlbench(*args: str, cwd: Path | None = None, env: dict | None = None,
-                 timeout: float = 900) -> subprocess.CompletedProcess:
-  full_env = {**os.environ, **(env or {})}
-  full_env.pop("XLA_FLAGS", None)
-  return subprocess.run([sys.executable, "-c", "import sys; from mlbench.cli import main; "
-                         "sys.exit(main())", *args], capture_output=True, text=True, cwd=cwd,
-                        env=full_env, timeout=timeout)
+def _mini_data_fixture(name: str, workload: str, what: str):
+  """A session fixture `name`: the data folder holding `workload`'s mini dataset (`what`)."""
+
+  def fixture(_cache_dir) -> Path:
+    return _mini_data(_cache_dir, workload)
+
+  fixture.__doc__ = f"The {workload} mini dataset ({what}), generated once per session."
+  return pytest.fixture(scope="session", name=name)(fixture)
+
+
+data_dir = _mini_data_fixture("data_dir", "resnet50", "digits TFRecords")
+bert_data_dir = _mini_data_fixture("bert_data_dir", "bert", "pydoc TFRecords")
+ssd_data_dir = _mini_data_fixture("ssd_data_dir", "ssd", "digit scenes as COCO TFRecords")
+transformer_data_dir = _mini_data_fixture("transformer_data_dir", "transformer",
+                                          "CLDR pairs and their BPE vocabulary")
+moe_data_dir = _mini_data_fixture("moe_data_dir", "moe", "pydoc sequences")
+llama_data_dir = _mini_data_fixture("llama_data_dir", "llama31_8b", "Megatron .bin/.idx")
+
+
+MLBENCH = (sys.executable, "-c", "import sys; from mlbench.cli import main; sys.exit(main())")
+"""The real `mlbench` command line, in a fresh interpreter."""
+
+
+def free_port(low: int = 0, high: int = 0) -> int:
+  """A TCP port on 127.0.0.1 that nothing listens on: any the OS picks, or one in
+  [low, high) (a launcher that derives the port from a job id needs its range)."""
+  for port in [0] if not low else random.Random().sample(range(low, high), 200):
+    with socket.socket() as s:
+      try:
+        s.bind(("127.0.0.1", port))
+      except OSError:
+        continue
+      return s.getsockname()[1]
+  raise RuntimeError(f"no free port in [{low}, {high})")
+
+
+@dataclasses.dataclass
+class Process:
+  """A process a test started; stdout and stderr go to files, so no pipe ever fills up and
+  blocks it, and what it wrote so far can be read at any time."""
+
+  popen: subprocess.Popen
+  out: Path
+  err: Path
+
+  @property
+  def pid(self) -> int:
+    return self.popen.pid
+
+  @property
+  def returncode(self) -> int | None:
+    return self.popen.returncode
+
+  @property
+  def stdout(self) -> str:
+    return self.out.read_text(errors="replace")
+
+  @property
+  def stderr(self) -> str:
+    return self.err.read_text(errors="replace")
+
+  def poll(self) -> int | None:
+    return self.popen.poll()
+
+  def send_signal(self, signum: int) -> None:
+    self.popen.send_signal(signum)
+
+  def kill(self) -> None:
+    """SIGKILLs it and every process it started (a job's workers), and reaps it."""
+    _kill(self.popen)
+
+  def wait(self, timeout: float = 900) -> subprocess.CompletedProcess:
+    """Waits for the exit; (args, returncode, stdout, stderr). A process still running
+    after `timeout` s is killed and the test fails with the end of its stderr."""
+    try:
+      self.popen.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      _kill(self.popen)
+      raise AssertionError(f"pid {self.pid} ran over {timeout} s: {self.stderr[-3000:]}")
+    return subprocess.CompletedProcess(self.popen.args, self.returncode, self.stdout,
+                                       self.stderr)
+
+
+def _kill(popen: subprocess.Popen) -> None:
+  """SIGKILLs a process and whatever it started (its own session), and reaps it."""
+  try:
+    os.killpg(popen.pid, signal.SIGKILL)
+  except (ProcessLookupError, PermissionError):
+    pass
+  popen.wait()
+
+
+class Processes:
+  """Starts the processes of one test and reaps every one of them when the test ends.
+
+  `start(argv, n=N)` starts N processes on 127.0.0.1 (`argv`, or `argv(i)` for process i if
+  it is a callable); with N > 1 they are the processes of one jax.distributed job: each
+  gets `--coordinator 127.0.0.1:PORT --num-processes N --process-id I` (a free port), unless
+  `distributed=False` (processes that find each other from their environment, as
+  `env_for(i)` sets it: SLURM's). Every process runs in its own session without the test's
+  XLA_FLAGS (it sets its own devices).
+  """
+
+  free_port = staticmethod(free_port)
+  MLBENCH = MLBENCH
+
+  def __init__(self, folder: Path):
+    self.folder, self.started = folder, []
+
+  def start(self, argv, *, n: int = 1, cwd: Path | None = None, env: dict | None = None,
+            env_for=None, distributed: bool | None = None) -> list[Process]:
+    base = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | (env or {})
+    job = []
+    if distributed if distributed is not None else n > 1:
+      job = ["--coordinator", f"127.0.0.1:{free_port()}", "--num-processes", str(n)]
+    out = []
+    for i in range(n):
+      k = len(self.started)
+      paths = self.folder / f"{k}.out", self.folder / f"{k}.err"
+      with paths[0].open("w") as stdout, paths[1].open("w") as stderr:
+        popen = subprocess.Popen(
+            [*map(str, argv(i) if callable(argv) else argv), *job,
+             *(["--process-id", str(i)] if job else [])], cwd=cwd,
+            env=base | (env_for(i) if env_for else {}), stdout=stdout, stderr=stderr,
+            text=True, start_new_session=True)
+      self.started.append(Process(popen, *paths))
+      out.append(self.started[-1])
+    return out
+
+  def mlbench(self, *args, **kwargs) -> list[Process]:
+    """start() of the `mlbench` command line with these arguments."""
+    return self.start([*MLBENCH, *args], **kwargs)
+
+  def run(self, argv, *, timeout: float = 900, **kwargs) -> list[subprocess.CompletedProcess]:
+    """start(), then wait for every process; any still running at `timeout` s is killed."""
+    return [p.wait(timeout) for p in self.start(argv, **kwargs)]
+
+  def reap(self) -> None:
+    for p in self.started:
+      if p.poll() is None:
+        _kill(p.popen)
+      p.popen.wait()
 
 
 @pytest.fixture
-def mlbench():
-  """Runs the real `mlbench` command line in a fresh process: mlbench(*args, cwd=, env=)."""
-  return _run_mlbench
+def processes(tmp_path_factory):
+  """Processes of this test (see `Processes`), every one killed and reaped at its end."""
+  group = Processes(tmp_path_factory.mktemp("processes"))
+  yield group
+  group.reap()
+
+
+@pytest.fixture
+def mlbench(tmp_path_factory):
+  """Runs the real `mlbench` command line in a fresh process to its end:
+  mlbench(*args, cwd=, env=, timeout=) -> CompletedProcess."""
+  group = Processes(tmp_path_factory.mktemp("processes"))
+
+  def run(*args: str, cwd: Path | None = None, env: dict | None = None,
+          timeout: float = 900) -> subprocess.CompletedProcess:
+    [done] = group.run([*MLBENCH, *args], cwd=cwd, env=env, timeout=timeout)
+    return done
+
+  yield run
+  group.reap()
 
 
 @pytest.fixture

@@ -136,6 +136,12 @@ def write_shards(path_pattern: str, examples: Iterable[dict[str, Any]],
   return paths
 
 
+def examples(path: Path | str) -> list[Any]:
+  """Every record of a local TFRecord file as a tf.train.Example."""
+  t = tf()
+  return [t.train.Example.FromString(r.numpy()) for r in t.data.TFRecordDataset(str(path))]
+
+
 def count(path: Path | str) -> int:
   """Records in one TFRecord file (reads it all, through tf.data's file system)."""
   return sum(1 for _ in tf().data.TFRecordDataset(str(path)))

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -132,35 +128,19 @@ def test_configuring_again_in_one_process_moves_the_cache(tmp_path, monkeypatch,
   assert compile_cache.stats().folder is None
 
 
-def _two_process_check(cache, cwd) -> list[dict]:
+def _two_process_check(processes, cache, cwd) -> list[dict]:
   """`mlbench check` as a 2-process run on this host (jax.distributed on 127.0.0.1)."""
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    coordinator = f"127.0.0.1:{s.getsockname()[1]}"
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  procs = [subprocess.Popen(
-      [sys.executable, "-c", "import sys; from mlbench.cli import main; sys.exit(main())",
-       "check", "resnet50", "--cpu-devices", "4", "--coordinator", coordinator,
-       "--num-processes", "2", "--process-id", str(i), "--compile-cache", str(cache), "--json"],
-      cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-      for i in range(2)]
-  reports = []
-  try:
-    for p in procs:
-      stdout, stderr = p.communicate(timeout=600)
-      assert p.returncode == 0, stderr[-2000:]
-      reports.append(json.loads(stdout)["compile_cache"])
-  finally:
-    for p in procs:
-      p.kill()
-  return reports
+  done = processes.run([*processes.MLBENCH, "check", "resnet50", "--cpu-devices", "4",
+                        "--compile-cache", cache, "--json"], n=2, cwd=cwd, timeout=600)
+  assert [p.returncode for p in done] == [0, 0], [p.stderr[-2000:] for p in done]
+  return [json.loads(p.stdout)["compile_cache"] for p in done]
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_only_process_0_writes_and_loads_in_a_two_process_run(tmp_path):
+def test_only_process_0_writes_and_loads_in_a_two_process_run(processes, tmp_path):
   cache = tmp_path / "jax"
-  leader, follower = _two_process_check(cache, tmp_path)
+  leader, follower = _two_process_check(processes, cache, tmp_path)
   # JAX writes entries from process 0 only (against contended writes on shared storage).
   assert leader["writes"] >= 2 and follower["writes"] == 0
   assert len(_entries(cache)) == leader["writes"]

@@ -100,18 +100,14 @@ def test_an_unwritable_results_dir_fails_before_training(mlbench, tmp_path, data
 
 
 @pytest.mark.slow
-def test_after_sigkill_the_next_run_files_the_leftover_away(mlbench, tmp_path, data_dir):
+def test_after_sigkill_the_next_run_files_the_leftover_away(mlbench, processes, tmp_path, data_dir):
   """A real run killed outright leaves a pending log; validate ignores it, run moves it.
   That next run, aborted (a budget too small for the target), still files its log, after a
   result_0.txt put there meanwhile, which it never clobbers."""
   folder = tmp_path / "results" / "results" / "cpu-test" / "resnet"
-  env = {**os.environ}
-  env.pop("XLA_FLAGS", None)
   args = ["run", "resnet50", "--set", "train_epochs=0.2", "--system", "cpu-test",
           "--data-dir", str(data_dir), "--cpu-devices", "8", "--seed", "3"]
-  proc = subprocess.Popen([sys.executable, "-c", "import sys; from mlbench.cli import main; "
-                           "sys.exit(main())", *args], cwd=tmp_path, env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  [proc] = processes.mlbench(*args, cwd=tmp_path)
   deadline = time.time() + 300
   while time.time() < deadline and not (folder.is_dir() and list(folder.glob("pending_*.log"))):
     time.sleep(0.2)

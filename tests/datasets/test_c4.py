@@ -229,12 +229,8 @@ def test_one_train_step_of_llama_on_the_prepared_tokens(raw, tmp_path):
   assert np.isfinite(loss) and int(jax.device_get(state.step)) == 1
 
 
-def test_a_killed_prepare_resumes_byte_identically(raw, tmp_path):
+def test_a_killed_prepare_resumes_byte_identically(raw, tmp_path, processes):
   """SIGKILL to the whole job (main process and workers) once some shards are done."""
-  import os
-  import signal
-  import subprocess
-  import sys
   import time
 
   tok_path = raw[1]
@@ -245,17 +241,14 @@ def test_a_killed_prepare_resumes_byte_identically(raw, tmp_path):
     (many / f"c4-train.{i:05d}-of-01024.json").write_text(body)
   whole, out = tmp_path / "whole", tmp_path / "out"
   assert _prepare(many, whole, tok_path, "--workers", "1") == 0
-  args = [sys.executable, "-c", "import sys; from mlbench.cli import main; sys.exit(main())",
-          "data", "prepare", "c4", "--raw", str(many), "--out", str(out), "--tokenizer",
-          str(tok_path), "--workers", "2"]
-  job = subprocess.Popen(args, start_new_session=True, stderr=subprocess.DEVNULL)
+  [job] = processes.mlbench("data", "prepare", "c4", "--raw", many, "--out", out, "--tokenizer",
+                            tok_path, "--workers", "2")
   receipts = out / ".mlbench"
   deadline = time.monotonic() + 120
   while time.monotonic() < deadline and job.poll() is None and (
       len(list(receipts.glob("*.json"))) < 3 if receipts.is_dir() else True):
     time.sleep(0.005)
-  os.killpg(job.pid, signal.SIGKILL)
-  job.wait()
+  job.kill()  # its process group: the main process and its workers
   done = len(list(receipts.glob("*.json")))
   assert 3 <= done < 40, f"the job was not caught mid-way ({done} of 40 shards done)"
   assert _prepare(many, out, tok_path, "--workers", "2") == 0

@@ -3,7 +3,8 @@
 Evaluates ResNet-50 mini's initial state (seed 3) on the digits evaluation set
 over every device of every process, and prints the merged count and metrics
 from process 0 as JSON, with a fingerprint of every image the harness handed the
-workload's host part, gathered across batches and processes by the harness.
+workload's host part, gathered across batches and processes by the harness. The
+fingerprint helpers serve tests/unit/test_scaling.py's one-process evaluations too.
 """
 
 from __future__ import annotations
@@ -38,6 +39,24 @@ def recording(workload):
     return part
 
   return dataclasses.replace(workload, eval=dataclasses.replace(workload.eval, host=host))
+
+
+def eval_set_fingerprints(data_dir):
+  """The sorted fingerprints of the evaluation set, read straight from its files, without
+  the harness's pipeline."""
+  import numpy as np
+
+  from mlbench.train import data
+  from mlbench.workload import Split
+  from workloads.resnet50 import config, input_pipeline
+
+  cfg = config.mini()
+  t = data.tf()
+  decode = input_pipeline.decode(cfg, Split.EVAL)
+  ds = t.data.TFRecordDataset(sorted(input_pipeline.files(cfg, data_dir, Split.EVAL)))
+  images = [ex["image"] for ex in ds.map(lambda r: decode(r, t.zeros([2], t.int64)))
+            .as_numpy_iterator()]
+  return np.sort(fingerprints(np.stack(images)))
 
 
 def main() -> None:

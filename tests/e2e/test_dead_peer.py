@@ -7,11 +7,7 @@ leader. Either way within seconds, and with no result file."""
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
@@ -21,22 +17,12 @@ from mlbench import results
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("victim", [1, 0])
-def test_the_survivor_exits_within_60_s_naming_the_lost_process(data_dir, tmp_path, victim):
-  coordinator = f"127.0.0.1:{_free_port()}"
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  procs = [subprocess.Popen(
-      [sys.executable, "-c", "import sys; from mlbench.cli import main; sys.exit(main())",
-       "run", "resnet50", "--set", "train_epochs=2", "--cpu-devices", "4", "--coordinator",
-       coordinator, "--num-processes", "2", "--process-id", str(i), "--data-dir", str(data_dir),
-       "--seed", "5", "--system", "cpu-2proc"], cwd=tmp_path, env=env, text=True,
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+def test_the_survivor_exits_within_60_s_naming_the_lost_process(processes, data_dir, tmp_path,
+                                                                victim):
+  procs = processes.mlbench("run", "resnet50", "--set", "train_epochs=2", "--cpu-devices", "4",
+                            "--data-dir", data_dir, "--seed", "5", "--system", "cpu-2proc",
+                            n=2, cwd=tmp_path)
   folder = results.benchmark_dir(tmp_path / "results", "cpu-2proc", "resnet")
   deadline = time.time() + 600
   # Kill once training runs: the leader's log has its first block.
@@ -46,7 +32,7 @@ def test_the_survivor_exits_within_60_s_naming_the_lost_process(data_dir, tmp_pa
   procs[victim].send_signal(signal.SIGKILL)
   t0 = time.time()
   survivor = procs[1 - victim]
-  _, err = survivor.communicate(timeout=120)
+  err = survivor.wait(120).stderr
   took = time.time() - t0
   procs[victim].wait()
   assert took < 60, took

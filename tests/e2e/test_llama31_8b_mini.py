@@ -14,61 +14,30 @@ import jax
 import numpy as np
 import optax
 import pytest
-import yaml
 
-from mlbench import compliance, rules
 from mlbench.train import mesh as mesh_lib, steps
 from mlbench.workload import Split, StepContext
-from workloads.llama31_8b import WORKLOAD, config
+from workloads.llama31_8b import WORKLOAD
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="session")
-def llama_data_dir(_cache_dir):
-  """The mini Megatron datasets, generated once per session."""
-  path = _cache_dir / "data"
-  WORKLOAD.input.prepare(config.mini(), path)
-  return path
-
-
-def _official_required_keys():
-  """Every key the 6.0.0 checker requires exactly once of a llama31_8b log."""
-  folder = compliance.checker_package_dir() / "training_6.0.0"
-  out = set()
-  for name in ("common.yaml", "closed_common.yaml", "closed_llama31_8b.yaml"):
-    records = yaml.safe_load((folder / name).read_text())
-    out |= {r["KEY"]["NAME"] for r in records
-            if "KEY" in r and r["KEY"].get("REQ") == "EXACTLY_ONE"}
-  return out
-
-
-def test_the_llama_mini_run_reaches_its_target_with_a_compliant_log(
-    mlbench, tmp_path, llama_data_dir, mllog_lines, official_check):
-  out = mlbench("run", "llama31_8b", "--cpu-devices", "8", "--data-dir", str(llama_data_dir),
-                "--seed", "0", cwd=tmp_path, timeout=1500)
-  assert out.returncode == 0, out.stderr[-3000:]
-  report = json.loads(out.stdout.strip())
-  rule = rules.load("llama31_8b", "mini")
-  assert report["status"] == "success" and report["compliant"] is True
-  assert report["eval_accuracy"] <= rule.quality.target
-  log = tmp_path / report["log"]
-  official_check(log, rule)
-
-  lines = mllog_lines(log)
-  logged = {d["key"]: d["value"] for d in lines}
-  assert _official_required_keys() - {"submission_benchmark"} <= set(logged)
+def test_the_llama_mini_run_reaches_its_target_with_a_compliant_log(mini_run, llama_data_dir,
+                                                                    required_keys):
+  run = mini_run("llama31_8b", "llama31_8b", data_dir=llama_data_dir, timeout=1500)
+  logged, evals = run.logged, run.evals
+  assert required_keys("6.0.0", "common.yaml", "closed_common.yaml",
+                       "closed_llama31_8b.yaml") - {"submission_benchmark"} <= set(logged)
   assert logged["submission_benchmark"] == "llama31_8b"
   assert (logged["opt_adamw_beta_2"], logged["opt_gradient_clip_norm"]) == (0.95, 1.0)
   assert logged["tensor_parallelism"] == 1 and logged["micro_batch_size"] == 1
-  evals = [d for d in lines if d["key"] == "eval_accuracy"]
-  every = rule.evaluation.interval(logged["global_batch_size"])
+  every = run.rule.evaluation.interval(logged["global_batch_size"])
   assert [d["metadata"]["samples_count"] for d in evals] == [every * (i + 1)
                                                               for i in range(len(evals))]
-  assert evals[-1]["value"] <= rule.quality.target < min(d["value"] for d in evals[:-1])
+  assert run.reached_only_at_the_end()
   # train_samples: the samples consumed, once, at the end (the reference's callbacks.py
   # L198-202), not the budget.
-  assert [d["value"] for d in lines if d["key"] == "train_samples"] == [
+  assert [d["value"] for d in run.lines if d["key"] == "train_samples"] == [
       evals[-1]["metadata"]["samples_count"]]
 
 

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,11 +23,9 @@ ARGS = ["run", "resnet50", "--set", "train_epochs=1", "--system", "cpu-test", "-
         "--checkpoint-every", "5"]
 
 
-def _start(cwd: Path, *args: str) -> subprocess.Popen:
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  return subprocess.Popen([sys.executable, "-c", "import sys; from mlbench.cli import main; "
-                           "sys.exit(main())", *args], cwd=cwd, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def _start(processes, cwd: Path, *args: str):
+  [proc] = processes.mlbench(*args, cwd=cwd)
+  return proc
 
 
 def _wait_for(predicate, timeout: float = 600) -> None:
@@ -46,10 +43,10 @@ def _bench(cwd: Path) -> Path:
   return results.benchmark_dir(cwd / "results", "cpu-test", "resnet")
 
 
-def _stop(proc: subprocess.Popen, signum: int) -> tuple[int, str, float]:
+def _stop(proc, signum: int) -> tuple[int, str, float]:
   t0 = time.time()
   proc.send_signal(signum)
-  _, err = proc.communicate(timeout=60)
+  err = proc.wait(60).stderr
   return proc.returncode, err, time.time() - t0
 
 
@@ -62,9 +59,9 @@ def _final_state(ckpt_dir: Path) -> list[np.ndarray]:
   return [np.asarray(x) for x in __import__("jax").tree.leaves(tree)]
 
 
-def _interrupted_run(cwd: Path, data_dir: Path, after_step: int) -> tuple[Path, str]:
+def _interrupted_run(processes, cwd: Path, data_dir: Path, after_step: int) -> tuple[Path, str]:
   """A run stopped by SIGTERM once its checkpoint of `after_step` exists."""
-  proc = _start(cwd, *ARGS, "--data-dir", str(data_dir), "--cpu-devices", "8")
+  proc = _start(processes, cwd, *ARGS, "--data-dir", str(data_dir), "--cpu-devices", "8")
   _wait_for(lambda: any(_runs(cwd).glob(f"*/checkpoints/{after_step}/commit_success.txt"))
             or proc.poll() is not None)
   rc, err, took = _stop(proc, signal.SIGTERM)
@@ -81,15 +78,15 @@ def _interrupted_run(cwd: Path, data_dir: Path, after_step: int) -> tuple[Path, 
   return folder, last
 
 
-def test_sigterm_then_resume_ends_exactly_like_the_uninterrupted_run(data_dir, tmp_path, mlbench,
-                                                                     official_check):
+def test_sigterm_then_resume_ends_exactly_like_the_uninterrupted_run(processes, data_dir, tmp_path,
+                                                                     mlbench, official_check):
   whole, cut = tmp_path / "whole", tmp_path / "cut"
   whole.mkdir(), cut.mkdir()
   out = mlbench(*ARGS, "--data-dir", str(data_dir), "--cpu-devices", "8", cwd=whole)
   assert out.returncode == 1, out.stderr[-3000:]  # One epoch is too short for the target.
   expected = json.loads(out.stdout.splitlines()[-1])
 
-  folder, _ = _interrupted_run(cut, data_dir, after_step=10)
+  folder, _ = _interrupted_run(processes, cut, data_dir, after_step=10)
   out = mlbench("run", "resnet50", "--resume", str(folder.relative_to(cut)), "--data-dir",
                 str(data_dir), "--cpu-devices", "8", cwd=cut)
   assert out.returncode == 1, out.stderr[-3000:]
@@ -110,8 +107,8 @@ def test_sigterm_then_resume_ends_exactly_like_the_uninterrupted_run(data_dir, t
   assert out.returncode == 2 and "that run already finished" in out.stderr
 
 
-def test_a_second_ctrl_c_exits_at_once(data_dir, tmp_path):
-  proc = _start(tmp_path, *ARGS, "--data-dir", str(data_dir), "--cpu-devices", "8")
+def test_a_second_ctrl_c_exits_at_once(processes, data_dir, tmp_path):
+  proc = _start(processes, tmp_path, *ARGS, "--data-dir", str(data_dir), "--cpu-devices", "8")
   _wait_for(lambda: list(_bench(tmp_path).glob("pending_*")) if _bench(tmp_path).is_dir()
             else False)
   proc.send_signal(signal.SIGINT)
@@ -155,13 +152,13 @@ MOMENTS = {
 }
 
 
-def _kill_at(cwd: Path, proc: subprocess.Popen, when: str, signum: int) -> str:
+def _kill_at(cwd: Path, proc, when: str, signum: int) -> str:
   """Sends `signum` at the moment `when`; checks how the process ended; returns its stderr."""
   _wait_for(lambda: MOMENTS[when](cwd, proc.pid) or proc.poll() is not None)
   assert proc.poll() is None, f"the run ended before the {when} moment"
   t0 = time.time()
   proc.send_signal(signum)
-  _, err = proc.communicate(timeout=60)
+  err = proc.wait(60).stderr
   assert proc.returncode == (128 + signum if signum == signal.SIGTERM else -signum), err[-3000:]
   if signum == signal.SIGTERM:
     assert time.time() - t0 < 10, err[-2000:]
@@ -211,14 +208,15 @@ def _as_if_killed_inside_publish(cwd: Path, folder: Path) -> None:
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["TERM", "KILL"])
 @pytest.mark.parametrize("when", ["init", "compile"])
-def test_a_run_killed_before_its_first_step_leaves_nothing_to_count(data_dir, tmp_path, mlbench,
-                                                                    official_check, signum, when):
+def test_a_run_killed_before_its_first_step_leaves_nothing_to_count(processes, data_dir, tmp_path,
+                                                                    mlbench, official_check,
+                                                                    signum, when):
   """Killed while setting up or compiling: no result, nothing pending is left in the result
   folder, and nothing to resume. SIGTERM (a quick stop, checked in _kill_at) also says so
   and keeps the aborted log as partial.log."""
   # A real compile to land in: the tests' shared compilation cache would load the
   # programs in a fraction of a second and the signal would arrive after the first step.
-  proc = _start(tmp_path, *ARGS, "--data-dir", str(data_dir), "--cpu-devices", "8",
+  proc = _start(processes, tmp_path, *ARGS, "--data-dir", str(data_dir), "--cpu-devices", "8",
                 "--compile-cache", "off")
   err = _kill_at(tmp_path, proc, when, signum)
   assert _only_complete_results(tmp_path, mlbench, official_check) == []
@@ -232,8 +230,8 @@ def test_a_run_killed_before_its_first_step_leaves_nothing_to_count(data_dir, tm
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["TERM", "KILL"])
-def test_a_run_killed_anywhere_resumes_to_one_complete_result(data_dir, tmp_path, mlbench,
-                                                              official_check, signum):
+def test_a_run_killed_anywhere_resumes_to_one_complete_result(processes, data_dir, tmp_path,
+                                                              mlbench, official_check, signum):
   """One run killed in training, in a checkpoint save, in an evaluation and while publishing,
   resumed after each kill (SIGTERM saves the last step; SIGKILL loses the steps since the last
   save, and leaves the save in flight half-written): after every kill only complete, compliant
@@ -241,7 +239,7 @@ def test_a_run_killed_anywhere_resumes_to_one_complete_result(data_dir, tmp_path
   resumed after the kill in training continues on 4 devices from the checkpoint of 8, and
   the next on 8 from that of 4."""
   resume = ["run", "resnet50", "--data-dir", str(data_dir), "--resume"]
-  proc = _start(tmp_path, *ARGS, "--data-dir", str(data_dir), "--cpu-devices", "8")
+  proc = _start(processes, tmp_path, *ARGS, "--data-dir", str(data_dir), "--cpu-devices", "8")
   published: list[str] = []
   for when in ("training", "checkpoint", "eval", "publish"):
     _kill_at(tmp_path, proc, when, signum)
@@ -250,7 +248,7 @@ def test_a_run_killed_anywhere_resumes_to_one_complete_result(data_dir, tmp_path
     if when != "publish":
       assert published == []
       devices = "4" if when == "training" else "8"
-      proc = _start(tmp_path, *resume, str(folder), "--cpu-devices", devices)
+      proc = _start(processes, tmp_path, *resume, str(folder), "--cpu-devices", devices)
   if signum == signal.SIGTERM:  # A stop after run_stop still files the finished run.
     assert published == ["result_0.txt"]
   if published:  # Filed: resuming would count the run twice.

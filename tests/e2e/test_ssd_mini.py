@@ -7,59 +7,24 @@ Slow (a few minutes): trains for real on 8 simulated CPU devices. CI runs it.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 import textwrap
 
 import pytest
-import yaml
-
-from mlbench import compliance, rules
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def ssd_data_dir(_cache_dir):
-  """The SSD mini dataset (digit scenes as COCO TFRecords), generated once."""
-  from workloads.ssd import WORKLOAD, config
-
-  path = _cache_dir / "data"
-  WORKLOAD.input.prepare(config.mini(), path)
-  return path
-
-
-def _official_required_keys():
-  folder = compliance.checker_package_dir() / "training_0.7.0"
-  records = yaml.safe_load((folder / "closed_ssd.yaml").read_text())
-  return {r["KEY"]["NAME"] for r in records if r["KEY"].get("REQ") == "EXACTLY_ONE"}
-
-
-def test_the_ssd_mini_run_reaches_its_target_with_a_compliant_log(
-    mlbench, tmp_path, ssd_data_dir, mllog_lines, official_check):
-  out = mlbench("run", "ssd", "--cpu-devices", "8", "--data-dir", str(ssd_data_dir),
-                "--seed", "0", cwd=tmp_path)
-  assert out.returncode == 0, out.stderr[-3000:]
-  report = json.loads(out.stdout.strip())
-  rule = rules.load("ssd", "mini")
-  assert report["status"] == "success" and report["compliant"] is True
-  assert report["eval_accuracy"] >= rule.quality.target
-  log = tmp_path / report["log"]
-
-  # The official checker, run here by the test itself, on the derived mini rules.
-  official_check(log, rule)
-
-  lines = mllog_lines(log)
-  logged = {d["key"]: d["value"] for d in lines}
-  assert _official_required_keys() <= set(logged)
+def test_the_ssd_mini_run_reaches_its_target_with_a_compliant_log(mini_run, ssd_data_dir,
+                                                                  required_keys):
+  run = mini_run("ssd", "ssd", data_dir=ssd_data_dir)
+  logged = run.logged
+  assert required_keys("0.7.0", "closed_ssd.yaml") <= set(logged)
   assert logged["submission_benchmark"] == "ssd" and logged["max_samples"] == 1
   assert logged["eval_samples"] == 500 and logged["train_samples"] == 6000
   # Whole epochs at the mini rules' cadence (every epoch), the last one at the target.
-  evals = [d for d in lines if d["key"] == "eval_accuracy"]
-  assert [d["metadata"]["epoch_num"] for d in evals] == list(range(1, len(evals) + 1))
-  assert evals[-1]["value"] >= rule.quality.target > max(d["value"] for d in evals[:-1])
+  assert [d["metadata"]["epoch_num"] for d in run.evals] == list(range(1, len(run.evals) + 1))
+  assert run.reached_only_at_the_end()
 
 
 def test_the_full_config_compiles_for_8_devices_from_shapes(mlbench, tmp_path):
@@ -79,10 +44,10 @@ _WORKER = textwrap.dedent("""
     import hashlib, json, sys
     from pathlib import Path
     from mlbench.train import runtime
-    data_dir, devices, coordinator, n, i = sys.argv[1:]
-    many = runtime.Distributed(coordinator, int(n), int(i))
-    rt = runtime.setup(cpu_devices=int(devices),
-                       distributed=many if int(n) > 1 else runtime.Distributed())
+    data_dir, devices, *job = sys.argv[1:]  # job: --coordinator C --num-processes N --process-id I
+    coordinator, n, i = job[1::2] or (None, None, None)
+    rt = runtime.setup(cpu_devices=int(devices), distributed=runtime.Distributed(
+        coordinator, n and int(n), i and int(i)))
     import numpy as np
     from mlbench.train import data, evaluate, mesh as mesh_lib, steps
     from mlbench.workload import Split, StepContext
@@ -113,29 +78,19 @@ _WORKER = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def _eval(data_dir, processes, devices, cwd):
-  coordinator = f"127.0.0.1:{_free_port()}"
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(data_dir), str(devices),
-                             coordinator, str(processes), str(i)], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-           for i in range(processes)]
-  done = [p.communicate(timeout=600) for p in procs]
-  assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in done]
-  assert all(out == "" for out, _ in done[1:])  # Only process 0 reports.
-  return json.loads(done[0][0])
+def _eval(processes, data_dir, n, devices, cwd):
+  done = processes.run([sys.executable, "-c", _WORKER, data_dir, devices], n=n, cwd=cwd,
+                       timeout=600)
+  assert all(p.returncode == 0 for p in done), [p.stderr[-2000:] for p in done]
+  assert all(p.stdout == "" for p in done[1:])  # Only process 0 reports.
+  return json.loads(done[0].stdout)
 
 
 @pytest.mark.multiprocess
-def test_two_processes_gather_the_same_detections_as_one_device(ssd_data_dir, tmp_path):
-  single = _eval(ssd_data_dir, 1, 1, tmp_path)
-  both = _eval(ssd_data_dir, 2, 4, tmp_path)
+def test_two_processes_gather_the_same_detections_as_one_device(processes, ssd_data_dir,
+                                                                 tmp_path):
+  single = _eval(processes, ssd_data_dir, 1, 1, tmp_path)
+  both = _eval(processes, ssd_data_dir, 2, 4, tmp_path)
   assert (single["devices"], both["devices"], both["processes"]) == (1, 8, 2)
   for r in (single, both):
     assert r["count"] == r["unique"] == 500 and r["ids"] == [1, 2, 3, 498, 499, 500]

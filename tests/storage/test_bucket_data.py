@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -43,19 +40,16 @@ def raw(tmp_path_factory):
   return root
 
 
-def test_prepare_into_a_bucket_killed_and_run_again_then_verify(raw, bucket, capsys):
+def test_prepare_into_a_bucket_killed_and_run_again_then_verify(raw, bucket, capsys, processes):
   out = f"{bucket}/imagenet"
   args = ["data", "prepare", "imagenet", "--raw", str(raw), "--out", out, "--train-shards",
           "12", "--val-shards", "3", "--workers", "1"]
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  proc = subprocess.Popen([sys.executable, "-c", "import sys; from mlbench.cli import main; "
-                           "sys.exit(main())", *args], env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
+  [proc] = processes.mlbench(*args)
   receipts = paths.path(out) / ".mlbench"
   deadline = time.time() + 300
   while not (receipts.is_dir() and any(p.suffix == ".json" and p.stem != "lock"
                                        for p in receipts.iterdir())):
-    assert time.time() < deadline and proc.poll() is None, proc.stderr.read()[-2000:]
+    assert time.time() < deadline and proc.poll() is None, proc.stderr[-2000:]
     time.sleep(0.02)
   proc.send_signal(signal.SIGKILL)  # Mid-job: no chance to tidy up, the lock object stays.
   proc.wait()

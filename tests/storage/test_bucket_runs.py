@@ -8,12 +8,7 @@ SLURM starts `srun` tasks, checkpoint into the bucket and resume from it.
 from __future__ import annotations
 
 import json
-import os
-import random
 import signal
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
@@ -21,19 +16,12 @@ import pytest
 from mlbench import paths, pending, results
 
 pytestmark = pytest.mark.slow
-_MAIN = [sys.executable, "-c", "import sys; from mlbench.cli import main; sys.exit(main())"]
-
-
-def _env() -> dict[str, str]:
-  return {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-
-
 def _checkpoint_of(step: int, ckpt: paths.Path, procs) -> paths.Path:
   """The run folder under `ckpt` once its checkpoint of `step` is committed."""
   deadline = time.time() + 600
   while True:
     assert time.time() < deadline and all(p.poll() is None for p in procs), [
-        p.communicate()[1][-3000:] for p in procs if p.poll() is not None]
+        p.stderr[-3000:] for p in procs if p.poll() is not None]
     try:
       found = [d for d in ckpt.iterdir() if (d / str(step) / "commit_success.txt").exists()]
     except FileNotFoundError:  # Nothing there yet (or only the writability probe, just gone).
@@ -46,7 +34,7 @@ def _checkpoint_of(step: int, ckpt: paths.Path, procs) -> paths.Path:
 def _sigterm(procs) -> list[str]:
   for p in procs:
     p.send_signal(signal.SIGTERM)
-  errs = [p.communicate(timeout=120)[1] for p in procs]
+  errs = [p.wait(120).stderr for p in procs]
   assert [p.returncode for p in procs] == [128 + signal.SIGTERM] * len(procs), [
       e[-3000:] for e in errs]
   return errs
@@ -72,16 +60,15 @@ def _plant(folder, host: str, beat_age_s: float) -> str:
   return stem
 
 
-def test_a_run_into_a_bucket_is_stopped_resumed_from_it_and_validated(bucket, data_dir,
-                                                                      tmp_path, capsys):
+def test_a_run_into_a_bucket_is_stopped_resumed_from_it_and_validated(bucket, data_dir, tmp_path,
+                                                                      capsys, processes, mlbench):
   from mlbench.cli import main
 
   ckpt, cache = paths.path(f"{bucket}/ckpt"), f"{bucket}/cache"
-  proc = subprocess.Popen(
-      [*_MAIN, "run", "resnet50", "--cpu-devices", "8", "--data-dir", str(data_dir), "--seed",
-       "1", "--system", "cpu-test", "--checkpoint-every", "5", "--checkpoint-dir", str(ckpt),
-       "--results-dir", f"{bucket}/results", "--compile-cache", cache],
-      cwd=tmp_path, env=_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  [proc] = processes.mlbench(
+      "run", "resnet50", "--cpu-devices", "8", "--data-dir", data_dir, "--seed", "1",
+      "--system", "cpu-test", "--checkpoint-every", "5", "--checkpoint-dir", ckpt,
+      "--results-dir", f"{bucket}/results", "--compile-cache", cache, cwd=tmp_path)
   bench = results.benchmark_dir(f"{bucket}/results", "cpu-test", "resnet")
   run = _checkpoint_of(10, ckpt, [proc])
   [mine] = pending.scan(bench)  # The run's record, beating in the bucket.
@@ -94,10 +81,8 @@ def test_a_run_into_a_bucket_is_stopped_resumed_from_it_and_validated(bucket, da
   assert not bench.is_dir()  # No result, and nothing pending left in the bucket.
 
   fresh, stale = _plant(bench, "tpu-host-7", 30), _plant(bench, "tpu-host-3", 5400)
-  out = subprocess.run([*_MAIN, "run", "resnet50", "--resume", str(run), "--cpu-devices", "8",
-                        "--data-dir", str(data_dir), "--compile-cache", cache,
-                        "--stale-after", "3600"], cwd=tmp_path, env=_env(), text=True,
-                       capture_output=True, timeout=900)
+  out = mlbench("run", "resnet50", "--resume", str(run), "--cpu-devices", "8", "--data-dir",
+                str(data_dir), "--compile-cache", cache, "--stale-after", "3600", cwd=tmp_path)
   assert out.returncode == 0, out.stderr[-3000:]
   report = json.loads(out.stdout.splitlines()[-1])
   assert report["status"] == "success" and report["compliant"] is True
@@ -116,38 +101,29 @@ def test_a_run_into_a_bucket_is_stopped_resumed_from_it_and_validated(bucket, da
   assert "note: ignoring 1 log(s) of runs still in progress" in err
 
 
-def _srun(cwd, *args: str) -> list[subprocess.Popen]:
+def _srun(processes, cwd, *args: str) -> list:
   """Two tasks of one step on one node, as `srun --ntasks=2` starts them: the same command
   and environment but their task ids. jax.distributed takes its port from the job id
   (61440 + id % 4096); JAX_COORDINATOR_BIND_ADDRESS keeps the coordinator on 127.0.0.1
   (on a cluster it binds every interface)."""
-  rng = random.Random()
-  for _ in range(200):
-    port = rng.randrange(61440, 65536)
-    with socket.socket() as s:
-      try:
-        s.bind(("127.0.0.1", port))
-        break
-      except OSError:
-        continue
-  env = {**_env(), "SLURM_JOB_ID": str(port - 61440), "SLURM_STEP_NODELIST": "127.0.0.1",
+  port = processes.free_port(61440, 65536)
+  env = {"SLURM_JOB_ID": str(port - 61440), "SLURM_STEP_NODELIST": "127.0.0.1",
          "SLURM_NTASKS": "2", "JAX_COORDINATOR_BIND_ADDRESS": f"127.0.0.1:{port}"}
-  return [subprocess.Popen(
-      [*_MAIN, "run", "resnet50", "--cpu-devices", "4", *args], cwd=cwd,
-      env={**env, "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i)}, text=True,
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+  return processes.mlbench("run", "resnet50", "--cpu-devices", "4", *args, n=2, cwd=cwd,
+                           env=env, distributed=False,
+                           env_for=lambda i: {"SLURM_PROCID": str(i), "SLURM_LOCALID": str(i)})
 
 
 @pytest.mark.multiprocess
-def test_two_hosts_save_their_shards_into_a_bucket_and_resume_from_it(bucket, data_dir,
-                                                                      tmp_path):
+def test_two_hosts_save_their_shards_into_a_bucket_and_resume_from_it(bucket, data_dir, tmp_path,
+                                                                      processes):
   """Both processes find each other from SLURM's task environment alone, write their
   shards into the bucket folder (with weight-update sharding each holds optimizer state
   of its own) and resume from it; one result, in the bucket."""
   ckpt = paths.path(f"{bucket}/ckpt")
   where = ["--data-dir", str(data_dir), "--results-dir", f"{bucket}/results",
            "--weight-update-sharding"]
-  procs = _srun(tmp_path, *where, "--set", "train_epochs=1", "--seed", "5", "--system",
+  procs = _srun(processes, tmp_path, *where, "--set", "train_epochs=1", "--seed", "5", "--system",
                 "cpu-2proc", "--checkpoint-every", "5", "--checkpoint-dir", str(ckpt))
   run = _checkpoint_of(10, ckpt, procs)
   errs = _sigterm(procs)
@@ -155,10 +131,9 @@ def test_two_hosts_save_their_shards_into_a_bucket_and_resume_from_it(bucket, da
   step = max(int(p.name) for p in run.iterdir() if p.name.isdigit())
   assert {p.name for p in (run / str(step) / "state").iterdir()} >= {
       "ocdbt.process_0", "ocdbt.process_1"}
-  procs = _srun(tmp_path, "--resume", str(run), *where)
-  outs = [p.communicate(timeout=900) for p in procs]
-  assert [p.returncode for p in procs] == [1, 1], [e[-3000:] for _, e in outs]
-  report = json.loads(outs[0][0].splitlines()[-1])  # One epoch is below the target.
-  assert report["samples"] == _one_epoch() and report["seed"] == 5 and outs[1][0] == ""
+  outs = [p.wait(900) for p in _srun(processes, tmp_path, "--resume", str(run), *where)]
+  assert [o.returncode for o in outs] == [1, 1], [o.stderr[-3000:] for o in outs]
+  report = json.loads(outs[0].stdout.splitlines()[-1])  # One epoch is below the target.
+  assert report["samples"] == _one_epoch() and report["seed"] == 5 and outs[1].stdout == ""
   bench = results.benchmark_dir(f"{bucket}/results", "cpu-2proc", "resnet")
   assert [p.name for p in bench.iterdir()] == ["result_0.txt"]

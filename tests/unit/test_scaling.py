@@ -10,7 +10,8 @@ and 8 devices with the same metric.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -21,6 +22,10 @@ from mlbench.train import data, evaluate, mesh as mesh_lib, steps
 from mlbench.workload import Split, StepContext
 from workloads import bert, transformer
 from workloads.resnet50 import WORKLOAD, config, input_pipeline
+
+# The fingerprints of evaluated images, shared with the multi-process evaluation's worker.
+sys.path.insert(0, str(Path(__file__).parents[1] / "e2e"))
+import eval_worker  # noqa: E402
 
 pytestmark = pytest.mark.slow  # Several compilations for 8 devices: about two minutes.
 
@@ -130,36 +135,6 @@ def test_model_parallelism_by_annotation_is_the_same_computation(workload):
     assert leaf.spec == jax.sharding.PartitionSpec(*trimmed), path
 
 
-def _fingerprints(images: np.ndarray) -> np.ndarray:
-  """One uint64 per image, from its bytes: which examples were evaluated."""
-  return np.array([int.from_bytes(hashlib.blake2b(x.tobytes(), digest_size=8).digest(), "little")
-                   for x in images], np.uint64)
-
-
-def _recording(workload):
-  """The workload, its eval host part also returning the fingerprints of the real
-  rows the harness hands it, as rows that the harness concatenates."""
-  real_host = workload.eval.host
-
-  def host(cfg, outputs, batch):
-    part = real_host(cfg, outputs, batch)
-    part.rows["fingerprint"] = _fingerprints(np.asarray(batch["image"]))
-    return part
-
-  return dataclasses.replace(workload, eval=dataclasses.replace(workload.eval, host=host))
-
-
-def _eval_set_fingerprints(data_dir):
-  """The evaluation set read straight from its files, without the harness's pipeline."""
-  cfg = config.mini()
-  t = data.tf()
-  decode = input_pipeline.decode(cfg, Split.EVAL)
-  ds = t.data.TFRecordDataset(sorted(input_pipeline.files(cfg, data_dir, Split.EVAL)))
-  images = [ex["image"] for ex in ds.map(lambda r: decode(r, t.zeros([2], t.int64)))
-            .as_numpy_iterator()]
-  return np.sort(_fingerprints(np.stack(images)))
-
-
 def _evaluate(data_dir, n):
   cfg = config.mini()
   sched = WORKLOAD.schedule(cfg)
@@ -171,13 +146,13 @@ def _evaluate(data_dir, n):
                          input_pipeline.decode(cfg, Split.EVAL), num_examples=sched.eval_examples,
                          per_host_batch=sched.eval_batch_size, host=0, hosts=1)
   put = lambda b: mesh_lib.to_global(b, programs.batch_sharding, sched.eval_batch_size)
-  return evaluate.evaluate(_recording(WORKLOAD), cfg, programs.eval, state,
+  return evaluate.evaluate(eval_worker.recording(WORKLOAD), cfg, programs.eval, state,
                            data.prefetch(data.numpy_batches(ds), put), sched.eval_examples)
 
 
 def test_distributed_evaluation_counts_every_example_once(data_dir):
   # The same initial state on every mesh (JAX's rng does not depend on sharding).
-  expected = _eval_set_fingerprints(data_dir)
+  expected = eval_worker.eval_set_fingerprints(data_dir)
   assert len(expected) == 540 and len(np.unique(expected)) > 500  # few duplicate digits
   single, part = _evaluate(data_dir, 1)
   assert part.count == 540  # 5 batches of 128, the last one padded with 100 masked rows

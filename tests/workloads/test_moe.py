@@ -22,14 +22,6 @@ from mlbench.workload import Split, StepContext
 from workloads.moe import WORKLOAD, config, input_pipeline, layer, pydoc_lm, train
 
 
-@pytest.fixture(scope="session")
-def moe_data_dir(_cache_dir):
-  """The MoE mini dataset (pydoc sequences), generated once per session."""
-  path = _cache_dir / "data"
-  WORKLOAD.input.prepare(config.mini(), path)
-  return path
-
-
 def reference(x, router, wi, wo, *, k, capacity_factor, uniform=None):
   """GShard top-2 / Switch top-1 in float64, one token at a time; with `uniform`, the
   second expert only where uniform < 2 x its normalised gate (GShard's Algorithm 1).

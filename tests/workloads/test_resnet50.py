@@ -20,20 +20,15 @@ def test_full_model_has_the_published_resnet50_parameter_count():
   assert steps.count_params(WORKLOAD, config.full()) == 25_557_032
 
 
-def _records(path):
-  tf = data.tf()
-  return [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(path)]
-
-
 def test_digits_are_written_in_the_imagenet_schema(data_dir):
   cfg = config.mini()
   train = input_pipeline.files(cfg, data_dir, Split.TRAIN)
   evals = input_pipeline.files(cfg, data_dir, Split.EVAL)
   assert [p.rsplit("/", 1)[1] for p in train][0] == "train-00000-of-00008" and len(train) == 8
   assert len(evals) == 4
-  counts = {s: sum(len(_records(p)) for p in f) for s, f in (("train", train), ("eval", evals))}
+  counts = {s: sum(len(records.examples(p)) for p in f) for s, f in (("train", train), ("eval", evals))}
   assert counts == {"train": cfg.data.train_examples, "eval": cfg.data.eval_examples}
-  ex = _records(evals[0])[0].features.feature
+  ex = records.examples(evals[0])[0].features.feature
   tf = data.tf()
   image = tf.io.decode_jpeg(ex["image/encoded"].bytes_list.value[0]).numpy()
   assert image.shape == (32, 32, 3) and ex["image/format"].bytes_list.value[0] == b"JPEG"

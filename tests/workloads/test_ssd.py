@@ -27,14 +27,6 @@ from workloads.ssd import WORKLOAD, boxes, coco, config, input_pipeline, nms, sc
 DATA = Path(__file__).parents[1] / "data" / "mlperf-results"
 
 
-@pytest.fixture(scope="session")
-def ssd_data_dir(_cache_dir):
-  """The SSD mini dataset (digit scenes as COCO TFRecords), generated once per session."""
-  path = _cache_dir / "data"
-  WORKLOAD.input.prepare(config.mini(), path)
-  return path
-
-
 # ----------------------------------------------------------------------------- the full model
 
 
@@ -418,20 +410,15 @@ def test_distributed_evaluation_is_the_same_on_1_2_and_8_devices_and_2_hosts(ssd
 # ------------------------------------------------------------------- data: scenes and pipeline
 
 
-def _records(path):
-  tf = data.tf()
-  return [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(path)]
-
-
 def test_scenes_are_written_in_the_coco_tfrecord_schema(ssd_data_dir):
   cfg = config.mini()
   train_files = input_pipeline.files(cfg, ssd_data_dir, Split.TRAIN)
   eval_files = input_pipeline.files(cfg, ssd_data_dir, Split.EVAL)
   assert len(train_files) == 8 and len(eval_files) == 4
   assert train_files[0].endswith("train-00000-of-00008")
-  assert sum(len(_records(p)) for p in train_files) == 6000
-  assert sum(len(_records(p)) for p in eval_files) == 500
-  f = _records(eval_files[0])[0].features.feature
+  assert sum(len(records.examples(p)) for p in train_files) == 6000
+  assert sum(len(records.examples(p)) for p in eval_files) == 500
+  f = records.examples(eval_files[0])[0].features.feature
   assert {"image/encoded", "image/height", "image/width", "image/source_id", "image/format",
           "image/object/bbox/xmin", "image/object/bbox/ymin", "image/object/bbox/xmax",
           "image/object/bbox/ymax", "image/object/class/label", "image/object/class/text",
@@ -473,7 +460,7 @@ def test_the_pipeline_reads_the_scenes_back(ssd_data_dir):
   ds = data.eval_dataset(eval_files, input_pipeline.decode(cfg, Split.EVAL), num_examples=500,
                          per_host_batch=500, host=0, hosts=1)
   batch = next(data.numpy_batches(ds))
-  first = _records(eval_files[0])[0].features.feature
+  first = records.examples(eval_files[0])[0].features.feature
   n = len(first["image/object/class/label"].int64_list.value)
   assert batch["image_id"][0] == int(first["image/source_id"].bytes_list.value[0])
   np.testing.assert_allclose(batch["boxes"][0, :n, 0], first["image/object/bbox/xmin"].float_list.value)

@@ -21,13 +21,6 @@ from workloads.transformer import (WORKLOAD, beam_search, bleu, cldr, config, in
                                    model, train, vocab)
 
 
-@pytest.fixture(scope="session")
-def transformer_data_dir(_cache_dir):
-  cfg = config.mini()
-  WORKLOAD.input.prepare(cfg, _cache_dir / "data")
-  return _cache_dir / "data"
-
-
 def test_full_model_is_transformer_big():
   # Transformer-big ("Attention Is All You Need", table 3: width 1024, MLP 4096, 16
   # heads, 6 + 6 layers) with one embedding shared by source, target and output. Per
