@@ -58,17 +58,16 @@ def test_relative_logits_are_the_papers():
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_the_mini_bot_block_runs_forward_and_backward():
-  cfg = config_lib.override(config.mini(), BOT)
-  size = cfg.data.image_size
-  variables = jax.jit(lambda k: train.ResNet(cfg.model).init(
-      k, np.zeros((1, size, size, 3), np.float32), train=False))(jax.random.key(0))
-  batch = {"image": np.random.default_rng(1).standard_normal((4, size, size, 3)).astype(np.float32),
-           "label": np.arange(4, dtype=np.int32)}
-  grads = jax.jit(jax.grad(lambda p: train.loss(cfg, train.StepContext(mesh=None), p,
-                                                {"batch_stats": variables["batch_stats"]}, batch,
-                                                jax.random.key(0))[0]))(variables["params"])
-  g = grads["stage4_block1"]["mhsa"]["rel_height"]
-  head_width = cfg.model.width * 8 // cfg.model.attention_heads  # stage 4 is 8x as wide
-  assert g.shape == (2 * (size // 4) - 1, head_width) and np.isfinite(g).all()
-  assert float(np.abs(g).max()) > 0
+def test_a_strided_bot_block_runs_forward_and_backward():
+  block = bot.BoTBlock(16, 2, config.mini().model)
+  x = np.random.default_rng(1).standard_normal((2, 6, 6, 32)).astype(np.float32)
+  variables = jax.jit(lambda k: block.init(k, x, train=False))(jax.random.key(0))
+
+  def loss(params):
+    y, _ = block.apply({**variables, "params": params}, x, train=True, mutable=["batch_stats"])
+    return (y * np.arange(64, dtype=np.float32)).mean(), y.shape
+
+  grads, shape = jax.jit(jax.grad(loss, has_aux=True))(variables["params"])
+  assert shape == (2, 3, 3, 64)  # 2x2 pooling after the attention, as the projection
+  g = grads["mhsa"]["rel_height"]
+  assert g.shape == (11, 4) and np.isfinite(g).all() and float(np.abs(g).max()) > 0
