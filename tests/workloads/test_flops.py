@@ -197,11 +197,12 @@ def _small_full(name: str):
 # XLA adds the softmaxes, norms and activations; the MoE also its dispatch and
 # combine einsums, which are routing, not model FLOPs. EfficientNet: its batch norms,
 # swishes and squeeze-excite products are as many FLOPs as its depthwise convolutions
-# in the narrow mini (1.29), 4% at B0 and B5.
+# in the narrow mini (1.29), 4% at B0 and B5. ViT: as convolutions, no gradient of the
+# image through the patch embedding (1.5% of the 2-layer cut), and its softmaxes and norms.
 LOWERED_OVER_ANALYTIC = {"resnet50": (0.95, 1.02), "ssd": (0.85, 1.0), "bert": (1.0, 1.03),
                          "transformer": (1.0, 1.02), "moe": (1.0, 1.1),
                          "llama31_8b": (1.0, 1.02), "efficientnet": (1.0, 1.35),
-                         "vit": (1.0, 1.05)}
+                         "vit": (0.98, 1.05)}
 
 
 @pytest.mark.parametrize("config", ["mini", "full"])
