@@ -151,16 +151,18 @@ def mini() -> EfficientNetConfig:
   """A quarter-width, quarter-depth B0 (one MBConv per stage, 7 in all) on the
   digits that resnet50's mini config generates (1,257 train, 540 held out, stored at
   32x32), read through the same EfficientNet preprocessing at 32x32: crops keep at
-  least half of the digit and are not flipped (a flipped 2 is no 2).
+  least half of the digit and are not flipped (a flipped 2 is no 2). Faster-moving
+  batch-norm statistics (momentum 0.9) and no drop-connect suit its 200 steps; no
+  moving average of the weights.
   """
   return EfficientNetConfig(
       model=ModelConfig(variant=Variant.B0, width_coefficient=0.25, depth_coefficient=0.25,
-                        dropout_rate=0.0, num_classes=10),
+                        dropout_rate=0.0, survival_prob=1.0, num_classes=10, bn_momentum=0.9),
       data=DataConfig(source=Source.DIGITS, image_size=32, train_examples=1257,
                       eval_examples=540, crop_area=(0.5, 1.0), flip=False),
-      optimizer=OptimizerConfig(base_learning_rate=4.0, base_batch_size=64, warmup_epochs=2.0,
+      optimizer=OptimizerConfig(base_learning_rate=2.0, base_batch_size=64, warmup_epochs=2.0,
                                 end_learning_rate=1e-4, weight_decay=1e-4, ema_decay=0.0),
       global_batch_size=64,
       eval_batch_size=128,
-      train_epochs=16.0,
+      train_epochs=12.0,
   )
