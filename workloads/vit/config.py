@@ -128,18 +128,21 @@ def full() -> ViTConfig:
 
 
 def mini() -> ViTConfig:
-  """A 4-layer, 64-wide ViT with 4x4 patches on the digits that resnet50's mini config
-  generates (stored at 32x32; inception crops of at least half the digit resized to
-  32x32, no flip, RandAugment(1, 3), Mixup 0.2), AdamW at 2e-3 with a short warmup."""
+  """A 4-layer, 64-wide ViT with 8x8 patches (a 4x4 grid, each patch 2x2 of the
+  original 8x8 pixels) on the digits that resnet50's mini config generates (stored at
+  32x32): inception crops of at least 80% of the image resized to 32x32, no flip, Mixup
+  0.2, Adam at 2e-3 after 40 warmup steps, cosine over 30 epochs. A ViT learns these
+  1,257 images slowly; 4x4 patches (64 tokens) cost 12 times as much per epoch, and
+  RandAugment, whose inversions and solarisations make one digit look like another at
+  this size, holds it below 0.85 (tests/workloads/test_vit.py checks its operations)."""
   return ViTConfig(
-      model=ModelConfig(width=64, depth=4, mlp_dim=128, num_heads=4, patch_size=4,
+      model=ModelConfig(width=64, depth=4, mlp_dim=128, num_heads=4, patch_size=8,
                         num_classes=10),
       data=DataConfig(source=Source.DIGITS, image_size=32, eval_resize=32, train_examples=1257,
-                      eval_examples=540, crop_area=(0.5, 1.0), flip=False, randaug_layers=1,
-                      randaug_magnitude=3.0),
+                      eval_examples=540, crop_area=(0.8, 1.0), flip=False, randaug_layers=0),
       optimizer=OptimizerConfig(learning_rate=2e-3, base_batch_size=64, warmup_steps=40,
                                 mu_bfloat16=False),
       global_batch_size=64,
       eval_batch_size=128,
-      train_epochs=20.0,
+      train_epochs=30.0,
   )
