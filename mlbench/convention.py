@@ -72,8 +72,9 @@ def from_package(package: str, *, benchmark: str, quality_metric: str,
   Args:
     package: the dotted name of the workload package (its `__name__`).
     benchmark, quality_metric: see `Workload`.
-    elsewhere: member -> module of the package (relative name) that defines it, where
-      that is not the convention's.
+    elsewhere: member -> the module that defines it, where that is not the convention's:
+      a module of the package ("digits"), or any module by its dotted name
+      ("workloads.common.classify").
     also: optional members (`OPTIONAL`) the package defines where the convention puts them.
     without: conventional members the package does not define (`decode` for data that is
       read as `examples`; `partition_rules`, `flops_per_example` for a plugin without them).
@@ -84,7 +85,8 @@ def from_package(package: str, *, benchmark: str, quality_metric: str,
     The workload; nothing of the package but `config.py` is imported until a callable runs.
   """
   places = _places(elsewhere or {}, also, without)
-  member = {m: lazy(f"{package}.{module}:{m}") for m, module in places.items()}
+  member = {m: lazy(f"{module if '.' in module else f'{package}.{module}'}:{m}")
+            for m, module in places.items()}
   if "configs" not in fields:
     config = importlib.import_module(f"{package}.{CONFIG}")
     fields["configs"] = {name: getattr(config, name) for name in CONFIGS}

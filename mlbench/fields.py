@@ -39,6 +39,15 @@ class Remat(enum.Enum):
   FULL = "full"  # keep only each layer's input, recompute the layer in the backward pass
 
 
+class LrScaling(enum.Enum):
+  """How a learning rate given for `base_batch_size` moves to the global batch
+  (`mlbench.train.optim.scale_for_batch`)."""
+
+  NONE = "none"
+  LINEAR = "linear"  # base_learning_rate * batch / base_batch_size
+  LEGW = "legw"      # You et al. 2019: sqrt(k) rate, k times the warmup
+
+
 class ConfigError(UserError):
   """A config value outside what is valid: `key` is its `--set` key below the section the
   check ran in; `problem` says what is wrong and what to set instead, naming the other
@@ -83,6 +92,12 @@ def fraction(node: Any, *names: str) -> None:
   for name in names:
     value = getattr(node, name)
     require(0 <= value < 1, name, f"{value} is not in [0, 1)")
+
+
+def interval(node: Any, name: str, low: float, high: float = float("inf")) -> None:
+  """Field `name` of `node` is a range (lo, hi) with low < lo <= hi <= high."""
+  lo, hi = getattr(node, name)
+  require(low < lo <= hi <= high, name, f"{(lo, hi)} is no range within ({low}, {high}]")
 
 
 def divides(node: Any, part: str, whole: str) -> None:

@@ -66,6 +66,15 @@ class BatchNorm(nn.Module):
     return _per_group(x, a.astype(dtype), b.astype(dtype)).astype(dtype)
 
 
+def batch_norm(cfg: Any, *, train: bool, groups: int = 1) -> Callable[..., BatchNorm]:
+  """`BatchNorm` as a convolutional model's config sets it (`cfg.bn_momentum`,
+  `cfg.bn_epsilon`, the compute dtype `cfg.dtype`): statistics over `groups` groups of the
+  batch in training (`StepContext.bn_groups`), the running averages in evaluation."""
+  return functools.partial(BatchNorm, use_running_average=not train, num_groups=groups,
+                           momentum=cfg.bn_momentum, epsilon=cfg.bn_epsilon,
+                           dtype=jnp.dtype(cfg.dtype.value))
+
+
 def _group_statistics(x: jax.Array, groups: int) -> tuple[jax.Array, jax.Array]:
   """(mean[G, C], var[G, C]) of each group of the batch, accumulated in float32."""
   b = x.shape[0]

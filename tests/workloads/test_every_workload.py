@@ -10,36 +10,20 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-import pytest
 
-from mlbench.train import evaluate, mesh as mesh_lib, steps
-from mlbench import registry, rules
+from mlbench import rules
+from mlbench.train import evaluate, mesh as mesh_lib
 from mlbench.train.plan import harness_hparams
-from mlbench.workload import Split, StepContext
-
-
-@pytest.fixture(scope="module", params=registry.names())
-def compiled(request):
-  w = registry.get(request.param)
-  cfg = w.configs["mini"]()
-  sched = w.schedule(cfg)
-  mesh = mesh_lib.make_mesh()
-  ctx = StepContext(mesh=mesh)
-  programs = steps.compile_programs(w, cfg, sched, mesh, ctx, w.optimizer(cfg, sched))
-  def fresh_state():  # The train step donates its state; every test starts anew.
-    return programs.init_state(0)
-
-  return w, cfg, sched, ctx, programs, fresh_state
+from mlbench.workload import Split
 
 
 def test_train_step_learns_its_synthetic_batch(compiled):
-  w, cfg, sched, _, programs, fresh_state = compiled
-  state = fresh_state()
+  w, cfg, sched = compiled.workload, compiled.cfg, compiled.schedule
+  state = compiled.fresh_state()
   batch = w.synthetic_batch(cfg, Split.TRAIN, sched.global_batch_size, np.random.default_rng(0))
-  device_batch = mesh_lib.to_global(batch, programs.batch_sharding, sched.global_batch_size)
   losses = []
   for _ in range(8):
-    state, sums = programs.train(state, programs.fresh_sums(), device_batch)
+    state, sums = compiled.train(state, batch)
     losses.append(float(jax.device_get(sums)["loss"]))
   assert all(np.isfinite(losses))
   assert int(jax.device_get(state.step)) == 8
@@ -47,8 +31,8 @@ def test_train_step_learns_its_synthetic_batch(compiled):
 
 
 def test_eval_step_and_reduction_give_the_quality_metric(compiled):
-  w, cfg, sched, _, programs, fresh_state = compiled
-  state = fresh_state()
+  w, cfg, sched, programs = compiled.workload, compiled.cfg, compiled.schedule, compiled.programs
+  state = compiled.fresh_state()
   n = sched.eval_batch_size + sched.eval_batch_size // 2  # A padded last batch.
   rng = np.random.default_rng(1)
   examples = w.synthetic_batch(cfg, Split.EVAL, n, rng)
@@ -79,7 +63,7 @@ def _binding(w, config_name: str) -> list[str]:
 
 
 def test_logged_hyperparameters_satisfy_every_ruleset(compiled):
-  w, cfg, sched, ctx, _, _ = compiled
+  w, ctx = compiled.workload, compiled.ctx
   for config_name in w.configs:
     c = w.configs[config_name]()
     s = w.schedule(c)

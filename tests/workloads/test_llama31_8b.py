@@ -97,10 +97,15 @@ def test_grouped_query_attention_matches_numpy():
   np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
 
 
+def _small(layers: int):
+  """The mini config with `layers` layers on sequences of 16 tokens."""
+  from mlbench.config import override
+
+  return override(config.mini(), [f"model.num_layers={layers}", "data.seq_length=16"])
+
+
 def test_remat_policies_give_the_same_gradients():
-  base = config.mini()
-  cfg = dataclasses.replace(base, model=dataclasses.replace(base.model, num_layers=2),
-                            data=dataclasses.replace(base.data, seq_length=16))
+  cfg = _small(2)
   from workloads.llama31_8b import input_pipeline
   from mlbench.workload import Split, StepContext
   batch = input_pipeline.synthetic_batch(cfg, Split.TRAIN, 2, np.random.default_rng(0))
@@ -274,9 +279,7 @@ def test_gradient_accumulation_gives_the_mean_gradient_of_the_whole_batch():
   from mlbench.workload import Split, StepContext
   from workloads.llama31_8b import WORKLOAD, input_pipeline
 
-  base = config.mini()
-  cfg = dataclasses.replace(base, model=dataclasses.replace(base.model, num_layers=1),
-                            data=dataclasses.replace(base.data, seq_length=16))
+  cfg = _small(1)
   batch = input_pipeline.synthetic_batch(cfg, Split.TRAIN, 8, np.random.default_rng(3))
   params, _ = train.init(cfg, jax.random.key(0))
   ctx = StepContext(mesh=None)

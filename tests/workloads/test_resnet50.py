@@ -26,7 +26,8 @@ def test_digits_are_written_in_the_imagenet_schema(data_dir):
   evals = input_pipeline.files(cfg, data_dir, Split.EVAL)
   assert [p.rsplit("/", 1)[1] for p in train][0] == "train-00000-of-00008" and len(train) == 8
   assert len(evals) == 4
-  counts = {s: sum(len(records.examples(p)) for p in f) for s, f in (("train", train), ("eval", evals))}
+  counts = {s: sum(len(records.examples(p)) for p in f)
+            for s, f in (("train", train), ("eval", evals))}
   assert counts == {"train": cfg.data.train_examples, "eval": cfg.data.eval_examples}
   ex = records.examples(evals[0])[0].features.feature
   tf = data.tf()

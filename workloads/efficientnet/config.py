@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from workloads.resnet50.config import DType, Source
+from mlbench.fields import DType, LrScaling, at_least, fraction, positive, require
+from workloads.resnet50.config import Source, image_records
 
 
 class Variant(enum.Enum):
@@ -36,15 +37,6 @@ SCALING = {
 }
 
 
-class LrScaling(enum.Enum):
-  """How the learning rate moves from `base_batch_size` to the global batch
-  (`mlbench.train.optim.scale_for_batch`)."""
-
-  NONE = "none"
-  LINEAR = "linear"  # the reference: base_learning_rate * batch / 256 (main.py)
-  LEGW = "legw"      # You et al. 2019: sqrt(k) rate, k times the warmup epochs
-
-
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """EfficientNet: MBConv blocks with squeeze-excite and swish (efficientnet_model.py).
@@ -63,6 +55,15 @@ class ModelConfig:
   bn_momentum: float = 0.99    # efficientnet_builder.py: batch_norm_momentum
   bn_epsilon: float = 1e-3     # ... batch_norm_epsilon
   dtype: DType = DType.FLOAT32  # activations and convolutions; parameters stay float32
+
+  def __post_init__(self):
+    require(0 < self.survival_prob <= 1, "survival_prob", f"{self.survival_prob} is not in (0, 1]")
+    at_least(self, 2, "num_classes")
+    fraction(self, "bn_momentum")
+    positive(self, "bn_epsilon", *(name for name in ("width_coefficient", "depth_coefficient")
+                                   if getattr(self, name) is not None))
+    require(self.dropout_rate is None or 0 <= self.dropout_rate < 1, "dropout_rate",
+            f"{self.dropout_rate} is not in [0, 1)")
 
   @property
   def width(self) -> float:
@@ -96,6 +97,11 @@ class DataConfig:
   mean_rgb: tuple[float, float, float] = (0.485 * 255, 0.456 * 255, 0.406 * 255)
   stddev_rgb: tuple[float, float, float] = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
+  def __post_init__(self):
+    image_records(self)
+    at_least(self, 1, "crop_attempts", *(["image_size"] if self.image_size is not None else []))
+    require(0 < self.crop_fraction <= 1, "crop_fraction", f"{self.crop_fraction} is not in (0, 1]")
+
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
@@ -118,6 +124,12 @@ class OptimizerConfig:
   label_smoothing: float = 0.1
   ema_decay: float = 0.9999       # 0: evaluate the trained weights themselves
 
+  def __post_init__(self):
+    positive(self, "base_learning_rate")
+    at_least(self, 1, "base_batch_size")
+    at_least(self, 0, "warmup_epochs", "end_learning_rate", "weight_decay", "l2")
+    fraction(self, "momentum", "label_smoothing", "ema_decay")
+
 
 @dataclasses.dataclass(frozen=True)
 class EfficientNetConfig:
@@ -127,6 +139,10 @@ class EfficientNetConfig:
   global_batch_size: int = 65536
   eval_batch_size: int = 16384
   train_epochs: float = 350.0
+
+  def __post_init__(self):
+    at_least(self, 1, "global_batch_size", "eval_batch_size")
+    positive(self, "train_epochs")
 
   @property
   def image_size(self) -> int:

@@ -13,44 +13,23 @@ All randomness is stateless, seeded per example by the harness.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from mlbench.train import data
 from mlbench.workload import Split
 from workloads.efficientnet.config import EfficientNetConfig
-from workloads.resnet50 import input_pipeline as imagenet
+from workloads.resnet50 import digits, input_pipeline as imagenet
 
 
-def files(cfg: EfficientNetConfig, data_dir: Path, split: Split) -> list[str]:
-  """resnet50's files: ImageNet TFRecords, or the digits under `data_dir`."""
-  return imagenet.files(cfg, data_dir, split)
-
-
-def prepare(cfg: EfficientNetConfig, data_dir: Path) -> None:
-  """Writes the digits TFRecords resnet50's mini config reads, unless they are there."""
-  from workloads.resnet50 import digits
-
-  digits.prepare(cfg, data_dir)
-
-
-def _tf():
-  from mlbench.train.data import tf
-
-  return tf()
-
-
-def _parse(record: Any) -> dict[str, Any]:
-  tf = _tf()
-  return tf.io.parse_single_example(record, {
-      "image/encoded": tf.io.FixedLenFeature([], tf.string),
-      "image/class/label": tf.io.FixedLenFeature([], tf.int64)})
+files = imagenet.files  # resnet50's: ImageNet TFRecords, or the digits under data_dir
+prepare = digits.prepare  # writes the digits resnet50's mini config reads, once
 
 
 def _resize(image: Any, size: int) -> Any:
   # The reference's tf.image.resize_bicubic: TF1 pixel centers, no antialiasing.
-  tf = _tf()
+  tf = data.tf()
   return tf.compat.v1.image.resize(image, [size, size], method=tf.image.ResizeMethod.BICUBIC,
                                    align_corners=False)
 
@@ -58,7 +37,7 @@ def _resize(image: Any, size: int) -> Any:
 def _center_crop(cfg: EfficientNetConfig, encoded: Any) -> Any:
   """`_decode_and_center_crop`: a square of size / (size + padding) of the shorter side,
   padding = round(size * (1 / crop_fraction - 1)), decoded and resized."""
-  tf = _tf()
+  tf = data.tf()
   size = cfg.image_size
   shape = tf.image.extract_jpeg_shape(encoded)
   padding = round(size * (1 / cfg.data.crop_fraction - 1))
@@ -71,7 +50,7 @@ def _center_crop(cfg: EfficientNetConfig, encoded: Any) -> Any:
 def _random_crop(cfg: EfficientNetConfig, encoded: Any, seed: Any) -> Any:
   """`_decode_and_random_crop`: the Inception crop, or the central crop where every
   attempt failed (the sampled box is then the whole image)."""
-  tf = _tf()
+  tf = data.tf()
   shape = tf.image.extract_jpeg_shape(encoded)
   begin, crop, _ = tf.image.stateless_sample_distorted_bounding_box(
       shape, tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=seed, min_object_covered=0.1,
@@ -85,7 +64,7 @@ def _random_crop(cfg: EfficientNetConfig, encoded: Any, seed: Any) -> Any:
 
 
 def _finish(cfg: EfficientNetConfig, image: Any, features: dict[str, Any]) -> dict[str, Any]:
-  tf = _tf()
+  tf = data.tf()
   size = cfg.image_size
   image = tf.reshape(tf.cast(image, tf.float32), [size, size, 3])
   image = (image - tf.constant(cfg.data.mean_rgb)) / tf.constant(cfg.data.stddev_rgb)
@@ -95,8 +74,8 @@ def _finish(cfg: EfficientNetConfig, image: Any, features: dict[str, Any]) -> di
 
 def decode(cfg: EfficientNetConfig, split: Split):
   def train(record: Any, seed: Any) -> dict[str, Any]:
-    tf = _tf()
-    f = _parse(record)
+    tf = data.tf()
+    f = imagenet.parse_image(record)
     crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
     image = _random_crop(cfg, f["image/encoded"], crop_seed)
     if cfg.data.flip:
@@ -105,7 +84,7 @@ def decode(cfg: EfficientNetConfig, split: Split):
 
   def evaluate(record: Any, seed: Any) -> dict[str, Any]:
     del seed  # Evaluation is deterministic.
-    f = _parse(record)
+    f = imagenet.parse_image(record)
     return _finish(cfg, _center_crop(cfg, f["image/encoded"]), f)
 
   return train if split is Split.TRAIN else evaluate

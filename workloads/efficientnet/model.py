@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mlbench.train.layers import BatchNorm
+from mlbench.train.layers import batch_norm
 from workloads.efficientnet.config import ModelConfig
 
 
@@ -95,9 +95,7 @@ class MBConv(nn.Module):
     b, dtype = self.block, jnp.dtype(self.cfg.dtype.value)
     conv = functools.partial(nn.Conv, use_bias=False, padding="SAME", kernel_init=_conv_init,
                              dtype=dtype)
-    norm = functools.partial(BatchNorm, use_running_average=not train, num_groups=self.bn_groups,
-                             momentum=self.cfg.bn_momentum, epsilon=self.cfg.bn_epsilon,
-                             dtype=dtype)
+    norm = batch_norm(self.cfg, train=train, groups=self.bn_groups)
     x = x_BHWC
     wide = b.c_in * b.expand
     if b.expand != 1:
@@ -139,8 +137,7 @@ class EfficientNet(nn.Module):
   @nn.compact
   def __call__(self, x_BHWC: jax.Array, train: bool) -> jax.Array:
     cfg, dtype = self.cfg, jnp.dtype(self.cfg.dtype.value)
-    norm = functools.partial(BatchNorm, use_running_average=not train, num_groups=self.bn_groups,
-                             momentum=cfg.bn_momentum, epsilon=cfg.bn_epsilon, dtype=dtype)
+    norm = batch_norm(cfg, train=train, groups=self.bn_groups)
     x = nn.Conv(round_filters(STEM, cfg.width), (3, 3), strides=2, padding="SAME",
                 use_bias=False, kernel_init=_conv_init, dtype=dtype,
                 name="stem_conv")(x_BHWC.astype(dtype))

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import optax
 
 from mlbench.train import optim
-from mlbench.workload import EvalPart, Schedule, StepContext
-from workloads.common import conv
+from mlbench.workload import Schedule, StepContext
+from workloads.common import classify, conv
 from workloads.efficientnet.config import EfficientNetConfig
 from workloads.efficientnet.model import HEAD, STEM, EfficientNet, blocks, round_filters
 
@@ -82,14 +82,7 @@ def eval_step(cfg: EfficientNetConfig, ctx: StepContext, params: Any, state: Any
   variables = ({"params": state["ema"]["params"], "batch_stats": state["ema"]["batch_stats"]}
                if "ema" in state else {"params": params, "batch_stats": state["batch_stats"]})
   logits_BK = EfficientNet(cfg.model).apply(variables, batch["image"], train=False)
-  return {"correct": (jnp.argmax(logits_BK, -1) == batch["label"]).astype(jnp.float32),
-          "loss": optax.softmax_cross_entropy_with_integer_labels(logits_BK, batch["label"])}
-
-
-def compute(cfg: EfficientNetConfig, part: EvalPart) -> dict[str, float]:
-  del cfg
-  return {"accuracy": float(part.sums["correct"] / part.count),
-          "loss": float(part.sums["loss"] / part.count)}
+  return classify.eval_outputs(logits_BK, batch["label"])
 
 
 def learning_rate(cfg: EfficientNetConfig, sched: Schedule) -> tuple[float, float, int]:

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mlbench.train.layers import BatchNorm
+from mlbench.train.layers import batch_norm
 from workloads.resnet50.config import ModelConfig
 
 
@@ -78,9 +78,7 @@ class BoTBlock(nn.Module):
 
     dtype = jnp.dtype(self.cfg.dtype.value)
     conv = functools.partial(nn.Conv, use_bias=False, kernel_init=conv_init, dtype=dtype)
-    norm = functools.partial(BatchNorm, use_running_average=not train, num_groups=self.bn_groups,
-                             momentum=self.cfg.bn_momentum, epsilon=self.cfg.bn_epsilon,
-                             dtype=dtype)
+    norm = batch_norm(self.cfg, train=train, groups=self.bn_groups)
     y = nn.relu(norm(name="bn1")(conv(self.width, (1, 1), name="conv1")(x_BHWC)))
     y = RelativeSelfAttention(self.cfg.attention_heads, dtype, name="mhsa")(y)
     if self.strides != 1:  # TF's 'same' average pooling, as the projection's output size

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from mlbench.fields import DType, at_least, fraction, positive, require
+from mlbench.fields import DType, at_least, fraction, interval, positive, require
 
 
 class Stem(enum.Enum):
@@ -65,6 +65,11 @@ class ModelConfig:
     positive(self, "bn_epsilon")
     require(min(self.stage_sizes) >= 1, "stage_sizes",
             f"{self.stage_sizes} has a stage without blocks; give each stage 1 or more")
+    last = self.width * 2 ** (len(self.stage_sizes) - 1)  # the last stage's 3x3 channels
+    require(self.block is Block.BOTTLENECK or (self.attention_heads >= 1
+                                               and last % self.attention_heads == 0),
+            "attention_heads", f"{self.attention_heads} does not divide the last stage's "
+            f"{last} channels (width x 2^(stages - 1)); set a divisor of {last}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,18 +89,23 @@ class DataConfig:
   stddev_rgb: tuple[float, float, float] = (1.0, 1.0, 1.0)  # the reference only subtracts
 
   def __post_init__(self):
-    at_least(self, 1, "image_size", "train_examples", "eval_examples")
+    image_records(self)
+    at_least(self, 1, "image_size")
     require(self.eval_resize >= self.image_size, "eval_resize",
             f"{self.eval_resize} is below image_size ({self.image_size}), which evaluation "
             "crops from it; set image_size or more", "image_size")
-    lo, hi = self.crop_area
-    require(0 < lo <= hi <= 1, "crop_area", f"{self.crop_area} is no range in (0, 1]")
-    lo, hi = self.crop_aspect
-    require(0 < lo <= hi, "crop_aspect", f"{self.crop_aspect} is no range of positive ratios")
-    require(self.source is not Source.DIGITS
-            or (self.train_examples, self.eval_examples) == DIGITS_SPLIT, "train_examples",
-            f"the digits hold {DIGITS_SPLIT[0]} training and {DIGITS_SPLIT[1]} held-out "
-            f"images, not {self.train_examples} and {self.eval_examples}")
+
+
+def image_records(d) -> None:
+  """The checks of a DataConfig that reads these ImageNet records (resnet50's, and those of
+  the vision workloads that read the same files): its counts, its random crop's ranges,
+  and the digits' fixed split."""
+  at_least(d, 1, "train_examples", "eval_examples")
+  interval(d, "crop_area", 0, 1)
+  interval(d, "crop_aspect", 0)
+  require(d.source is not Source.DIGITS or (d.train_examples, d.eval_examples) == DIGITS_SPLIT,
+          "train_examples", f"the digits hold {DIGITS_SPLIT[0]} training and {DIGITS_SPLIT[1]} "
+          f"held-out images, not {d.train_examples} and {d.eval_examples}")
 
 
 @dataclasses.dataclass(frozen=True)

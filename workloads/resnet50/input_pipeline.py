@@ -39,6 +39,15 @@ def files(cfg: ResNetConfig, data_dir: Path, split: Split) -> list[str]:
       supplied="point --data-dir at the ImageNet TFRecords written by imagenet_to_gcs.py")
 
 
+def parse_image(record: Any) -> dict[str, Any]:
+  """The encoded image and label of a record (what the vision workloads that read these
+  records without their boxes need)."""
+  tf = data.tf()
+  return tf.io.parse_single_example(record, {
+      "image/encoded": tf.io.FixedLenFeature([], tf.string),
+      "image/class/label": tf.io.FixedLenFeature([], tf.int64)})
+
+
 def _parse(record: Any) -> dict[str, Any]:
   tf = data.tf()
   spec = {"image/encoded": tf.io.FixedLenFeature([], tf.string),

@@ -13,7 +13,7 @@ import functools
 import flax.linen as nn
 import jax.numpy as jnp
 
-from mlbench.train.layers import BatchNorm
+from mlbench.train.layers import batch_norm
 from workloads.resnet50.bot import BoTBlock
 from workloads.resnet50.config import Block, ModelConfig, Stem
 
@@ -44,9 +44,7 @@ class Bottleneck(nn.Module):
   def __call__(self, x_BHWC: jnp.ndarray, train: bool) -> jnp.ndarray:
     conv = functools.partial(nn.Conv, use_bias=False, kernel_init=conv_init,
                              dtype=jnp.dtype(self.cfg.dtype.value))
-    norm = functools.partial(BatchNorm, use_running_average=not train,
-                             num_groups=self.bn_groups, momentum=self.cfg.bn_momentum,
-                             epsilon=self.cfg.bn_epsilon, dtype=jnp.dtype(self.cfg.dtype.value))
+    norm = batch_norm(self.cfg, train=train, groups=self.bn_groups)
     y = nn.relu(norm(name="bn1")(conv(self.width, (1, 1), name="conv1")(x_BHWC)))
     pad = (same_padding(y.shape[1], 3, self.strides), same_padding(y.shape[2], 3, self.strides))
     y = conv(self.width, (3, 3), strides=self.strides, padding=pad, name="conv2")(y)
@@ -80,9 +78,7 @@ class ResNet(nn.Module):
     else:
       x = nn.Conv(cfg.width, (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
                   kernel_init=conv_init, dtype=dtype, name="stem_conv")(x)
-    x = BatchNorm(use_running_average=not train, num_groups=self.bn_groups,
-                  momentum=cfg.bn_momentum, epsilon=cfg.bn_epsilon, dtype=dtype,
-                  name="stem_bn")(x)
+    x = batch_norm(cfg, train=train, groups=self.bn_groups)(name="stem_bn")(x)
     x = nn.relu(x)
     if cfg.stem is Stem.IMAGENET:
       x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=(same_padding(x.shape[1], 3, 2),

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import optax
 
 from mlbench.train import optim
-from mlbench.workload import EvalPart, Schedule, StepContext
-from workloads.common import conv
+from mlbench.workload import Schedule, StepContext
+from workloads.common import classify, conv
 from workloads.resnet50.bot import mhsa_flops
 from workloads.resnet50.config import Block, Optimizer, ResNetConfig, Stem
 from workloads.resnet50.model import ResNet
@@ -55,14 +55,7 @@ def eval_step(cfg: ResNetConfig, ctx: StepContext, params: Any, state: Any,
   """Per image: top-1 hit and (unsmoothed) cross-entropy."""
   del ctx
   logits_BK = ResNet(cfg.model).apply({"params": params, **state}, batch["image"], train=False)
-  return {"correct": (jnp.argmax(logits_BK, -1) == batch["label"]).astype(jnp.float32),
-          "loss": optax.softmax_cross_entropy_with_integer_labels(logits_BK, batch["label"])}
-
-
-def compute(cfg: ResNetConfig, part: EvalPart) -> dict[str, float]:
-  del cfg
-  return {"accuracy": float(part.sums["correct"] / part.count),
-          "loss": float(part.sums["loss"] / part.count)}
+  return classify.eval_outputs(logits_BK, batch["label"])
 
 
 def _per_epoch(sched: Schedule) -> int:

@@ -19,7 +19,7 @@ import functools
 import flax.linen as nn
 import jax.numpy as jnp
 
-from mlbench.train.layers import BatchNorm
+from mlbench.train.layers import batch_norm
 from workloads.ssd.config import AnchorConfig, ModelConfig, Stem
 
 # He initialisation over fan-out for the backbone, as torchvision does.
@@ -39,9 +39,7 @@ class BasicBlock(nn.Module):
   def __call__(self, x_BHWC: jnp.ndarray, train: bool) -> jnp.ndarray:
     dtype = jnp.dtype(self.cfg.dtype.value)
     conv = functools.partial(nn.Conv, use_bias=False, kernel_init=_conv_init, dtype=dtype)
-    norm = functools.partial(BatchNorm, use_running_average=not train, num_groups=self.bn_groups,
-                             momentum=self.cfg.bn_momentum, epsilon=self.cfg.bn_epsilon,
-                             dtype=dtype)
+    norm = batch_norm(self.cfg, train=train, groups=self.bn_groups)
     y = conv(self.width, (3, 3), strides=self.strides, padding=((1, 1), (1, 1)), name="conv1")(
         x_BHWC)
     y = nn.relu(norm(name="bn1")(y))
@@ -71,9 +69,7 @@ class Backbone(nn.Module):
     else:
       x = nn.Conv(width, (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
                   kernel_init=_conv_init, dtype=dtype, name="stem_conv")(x_BHWC)
-    x = BatchNorm(use_running_average=not train, num_groups=self.bn_groups,
-                  momentum=cfg.bn_momentum, epsilon=cfg.bn_epsilon, dtype=dtype,
-                  name="stem_bn")(x)
+    x = batch_norm(cfg, train=train, groups=self.bn_groups)(name="stem_bn")(x)
     x = nn.relu(x)
     if cfg.stem is Stem.IMAGENET:
       x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))

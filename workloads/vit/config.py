@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from workloads.resnet50.config import DType, Source
+from mlbench.fields import DType, LrScaling, at_least, fraction, positive, require
+from workloads.resnet50.config import Source, image_records
 
 
 class Variant(enum.Enum):
@@ -40,15 +41,6 @@ class Posemb(enum.Enum):
   LEARN = "learn"        # learned, normal(1/sqrt(width)) (the original ViT)
 
 
-class LrScaling(enum.Enum):
-  """How the learning rate moves from `base_batch_size` to the global batch
-  (`mlbench.train.optim.scale_for_batch`)."""
-
-  NONE = "none"
-  LINEAR = "linear"
-  LEGW = "legw"
-
-
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """big_vision's ViT (models/vit.py `_Model`); sizes default to the variant's (None)."""
@@ -64,6 +56,14 @@ class ModelConfig:
   posemb: Posemb = Posemb.SINCOS2D
   pre_logits: bool = True   # rep_size=True: Dense(width) + tanh before the head
   dtype: DType = DType.FLOAT32
+
+  def __post_init__(self):
+    at_least(self, 1, "patch_size", *(name for name in ("width", "depth", "mlp_dim", "num_heads")
+                                      if getattr(self, name) is not None))
+    at_least(self, 2, "num_classes")
+    width, _, _, heads = self.sizes()
+    require(width % heads == 0, "num_heads", f"{heads} heads do not divide width ({width}); "
+            f"set a divisor of {width}", "width")
 
   def sizes(self) -> tuple[int, int, int, int]:
     """(width, depth, MLP width, heads)."""
@@ -90,6 +90,14 @@ class DataConfig:
   randaug_layers: int = 2      # 0: no RandAugment
   randaug_magnitude: float = 10.0
 
+  def __post_init__(self):
+    image_records(self)
+    at_least(self, 1, "image_size")
+    at_least(self, 0, "randaug_layers", "randaug_magnitude")
+    require(self.eval_resize >= self.image_size, "eval_resize",
+            f"{self.eval_resize} is below image_size ({self.image_size}), which evaluation "
+            "crops from it; set image_size or more", "image_size")
+
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
@@ -108,6 +116,12 @@ class OptimizerConfig:
   grad_clip_norm: float = 1.0
   mixup_alpha: float = 0.2      # config.mixup p; 0: no Mixup
 
+  def __post_init__(self):
+    positive(self, "learning_rate", "eps", "grad_clip_norm")
+    at_least(self, 1, "base_batch_size")
+    at_least(self, 0, "warmup_steps", "weight_decay", "mixup_alpha")
+    fraction(self, "b1", "b2")
+
 
 @dataclasses.dataclass(frozen=True)
 class ViTConfig:
@@ -117,6 +131,13 @@ class ViTConfig:
   global_batch_size: int = 1024
   eval_batch_size: int = 1024
   train_epochs: float = 90.0
+
+  def __post_init__(self):
+    at_least(self, 1, "global_batch_size", "eval_batch_size")
+    positive(self, "train_epochs")
+    size, patch = self.data.image_size, self.model.patch_size
+    require(size % patch == 0, "model.patch_size", f"{patch} does not divide data.image_size "
+            f"({size}) into a grid of patches; set a divisor of {size}")
 
 
 def full() -> ViTConfig:

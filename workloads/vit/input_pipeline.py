@@ -12,50 +12,29 @@ to whole batches in the train step. All randomness is stateless, seeded per exam
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from mlbench.train import data
 from mlbench.workload import Split
 from workloads.common.randaugment import randaugment
-from workloads.resnet50 import input_pipeline as imagenet
+from workloads.resnet50 import digits, input_pipeline as imagenet
 from workloads.vit.config import ViTConfig
 
 
-def files(cfg: ViTConfig, data_dir: Path, split: Split) -> list[str]:
-  """resnet50's files: ImageNet TFRecords, or the digits under `data_dir`."""
-  return imagenet.files(cfg, data_dir, split)
-
-
-def prepare(cfg: ViTConfig, data_dir: Path) -> None:
-  """Writes the digits TFRecords resnet50's mini config reads, unless they are there."""
-  from workloads.resnet50 import digits
-
-  digits.prepare(cfg, data_dir)
-
-
-def _tf():
-  from mlbench.train.data import tf
-
-  return tf()
-
-
-def _parse(record: Any) -> dict[str, Any]:
-  tf = _tf()
-  return tf.io.parse_single_example(record, {
-      "image/encoded": tf.io.FixedLenFeature([], tf.string),
-      "image/class/label": tf.io.FixedLenFeature([], tf.int64)})
+files = imagenet.files  # resnet50's: ImageNet TFRecords, or the digits under data_dir
+prepare = digits.prepare  # writes the digits resnet50's mini config reads, once
 
 
 def _to_uint8(image: Any) -> Any:
-  tf = _tf()
+  tf = data.tf()
   return tf.cast(tf.clip_by_value(image, 0.0, 255.0), tf.uint8)
 
 
 def _finish(cfg: ViTConfig, image: Any, features: dict[str, Any]) -> dict[str, Any]:
   """value_range(-1, 1) and the 0-based label."""
-  tf = _tf()
+  tf = data.tf()
   size = cfg.data.image_size
   image = tf.reshape(tf.cast(image, tf.float32), [size, size, 3]) / 127.5 - 1.0
   label = tf.cast(features["image/class/label"], tf.int32) - cfg.data.label_offset
@@ -66,8 +45,8 @@ def decode(cfg: ViTConfig, split: Split):
   d = cfg.data
 
   def train(record: Any, seed: Any) -> dict[str, Any]:
-    tf = _tf()
-    f = _parse(record)
+    tf = data.tf()
+    f = imagenet.parse_image(record)
     crop_seed, flip_seed, aug_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 3))
     begin, crop, _ = tf.image.stateless_sample_distorted_bounding_box(
         tf.image.extract_jpeg_shape(f["image/encoded"]), tf.zeros([0, 0, 4], tf.float32),
@@ -85,8 +64,8 @@ def decode(cfg: ViTConfig, split: Split):
 
   def evaluate(record: Any, seed: Any) -> dict[str, Any]:
     del seed  # Evaluation is deterministic.
-    tf = _tf()
-    f = _parse(record)
+    tf = data.tf()
+    f = imagenet.parse_image(record)
     image = tf.io.decode_jpeg(f["image/encoded"], channels=3)
     shape = tf.cast(tf.shape(image)[:2], tf.float32)
     hw = tf.cast(tf.round(shape * d.eval_resize / tf.reduce_min(shape)), tf.int32)

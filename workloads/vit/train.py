@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import optax
 
 from mlbench.train import optim
-from mlbench.workload import EvalPart, Schedule, StepContext
+from mlbench.workload import Schedule, StepContext
+from workloads.common import classify
 from workloads.common import transformer
 from workloads.vit.config import Pool, ViTConfig
 from workloads.vit.model import ViT
@@ -57,14 +58,7 @@ def eval_step(cfg: ViTConfig, ctx: StepContext, params: Any, state: Any,
   """Per image: top-1 hit and cross-entropy."""
   del ctx, state
   logits_BK = ViT(cfg.model).apply({"params": params}, batch["image"])
-  return {"correct": (jnp.argmax(logits_BK, -1) == batch["label"]).astype(jnp.float32),
-          "loss": optax.softmax_cross_entropy_with_integer_labels(logits_BK, batch["label"])}
-
-
-def compute(cfg: ViTConfig, part: EvalPart) -> dict[str, float]:
-  del cfg
-  return {"accuracy": float(part.sums["correct"] / part.count),
-          "loss": float(part.sums["loss"] / part.count)}
+  return classify.eval_outputs(logits_BK, batch["label"])
 
 
 def learning_rate(cfg: ViTConfig, sched: Schedule) -> tuple[float, int]:
