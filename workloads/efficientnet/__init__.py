@@ -27,4 +27,5 @@ WORKLOAD = Workload(
     synthetic_batch=lazy(f"{_INPUT}:synthetic_batch"),
     hparams=lazy(f"{_TRAIN}:hparams"),
     flops_per_example=lazy(f"{_TRAIN}:flops_per_example"),
+    spatial_inputs=("image",),  # `--mesh data=N,spatial=M` splits every image by height
 )
