@@ -23,7 +23,7 @@ import os
 import pathlib
 import posixpath
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Union
 
 from etils import epath
@@ -224,21 +224,22 @@ def require_dir(p: PathLike, what: str) -> epath.Path:
   Raises:
     UserError: "gs://b/x: no such bucket (gs://b)", "... permission denied", ...
   """
-  p = path(p, what)
-  with errors(what, p):
-    if p.is_dir():
-      return p
-    if p.exists():
-      raise UserError(f"{what} {p}: not a folder")
-  raise UserError(f"{what} {p}: {_missing(p)}")
+  return _require(p, what, lambda q: q.is_dir(), lambda q: q.exists(), "not a folder")
 
 
 def require_file(p: PathLike, what: str) -> epath.Path:
   """`p` as a path, after checking that it is a file (an object)."""
+  return _require(p, what, lambda q: q.is_file(), lambda q: q.is_dir(), "a folder, not a file")
+
+
+def _require(p: PathLike, what: str, ok: Callable[[epath.Path], bool],
+             wrong: Callable[[epath.Path], bool], problem: str) -> epath.Path:
+  """`p` as a path if `ok(p)`; a `UserError` saying `problem` if `wrong(p)`, else what is
+  missing (storage errors on the way as one line, `errors`)."""
   p = path(p, what)
   with errors(what, p):
-    if p.is_file():
+    if ok(p):
       return p
-    if p.is_dir():
-      raise UserError(f"{what} {p}: a folder, not a file")
+    if wrong(p):
+      raise UserError(f"{what} {p}: {problem}")
   raise UserError(f"{what} {p}: {_missing(p)}")

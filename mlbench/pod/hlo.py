@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable, Iterator
 
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
 
@@ -87,22 +88,29 @@ def _wire(op: str, nbytes: int, n: int) -> float:
   return float(nbytes)  # collective-permute: send it all once.
 
 
-def collectives(hlo_text: str, devices: int = 1) -> Collectives:
-  """The collectives of an optimized HLO module (async start/done pairs count once)."""
+def _tally(ops: Iterable[tuple[str, int, int]]) -> Collectives:
+  """`Collectives` of (op, result bytes, group size) triples, one per collective op."""
   count = dict.fromkeys(COLLECTIVES, 0)
   result = dict.fromkeys(COLLECTIVES, 0)
   wire = dict.fromkeys(COLLECTIVES, 0.0)
   by_group: dict[int, int] = {}
-  for m in _LINE.finditer(hlo_text):
-    op, start = m.group("op"), bool(m.group("start"))
-    line = hlo_text[m.start():hlo_text.find("\n", m.end())]
-    nbytes = _result_bytes(op, start, m.group("shape"))
-    group = _group_size(line, devices)
+  for op, nbytes, group in ops:
     count[op] += 1
     result[op] += nbytes
     wire[op] += _wire(op, nbytes, group)
     by_group[group] = by_group.get(group, 0) + nbytes
   return Collectives(count=count, result_bytes=result, wire_bytes=wire, by_group=by_group)
+
+
+def collectives(hlo_text: str, devices: int = 1) -> Collectives:
+  """The collectives of an optimized HLO module (async start/done pairs count once)."""
+  def ops() -> Iterator[tuple[str, int, int]]:
+    for m in _LINE.finditer(hlo_text):
+      op, start = m.group("op"), bool(m.group("start"))
+      line = hlo_text[m.start():hlo_text.find("\n", m.end())]
+      yield op, _result_bytes(op, start, m.group("shape")), _group_size(line, devices)
+
+  return _tally(ops())
 
 
 _DEF = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\w+)\[", re.M)
@@ -156,22 +164,17 @@ def collectives_from_proto(serialized: bytes, devices: int = 1) -> Collectives:
   from tensorflow.compiler.xla.service import hlo_pb2  # TF ships XLA's protos
 
   module = hlo_pb2.HloModuleProto.FromString(serialized)
-  count = dict.fromkeys(COLLECTIVES, 0)
-  result = dict.fromkeys(COLLECTIVES, 0)
-  wire = dict.fromkeys(COLLECTIVES, 0.0)
-  by_group: dict[int, int] = {}
-  for comp in module.computations:
-    for ins in comp.instructions:
-      start = ins.opcode.endswith("-start")
-      op = ins.opcode.removesuffix("-start")
-      if op not in COLLECTIVES:
-        continue
-      sizes = _proto_bytes(ins.shape)
-      nbytes = (max(sizes) if start and op == "all-gather" else
-                sizes[0] if start and op == "collective-permute" and sizes else sum(sizes))
-      group = _proto_group(ins, devices)
-      count[op] += 1
-      result[op] += nbytes
-      wire[op] += _wire(op, nbytes, group)
-      by_group[group] = by_group.get(group, 0) + nbytes
-  return Collectives(count=count, result_bytes=result, wire_bytes=wire, by_group=by_group)
+
+  def ops() -> Iterator[tuple[str, int, int]]:
+    for comp in module.computations:
+      for ins in comp.instructions:
+        start = ins.opcode.endswith("-start")
+        op = ins.opcode.removesuffix("-start")
+        if op not in COLLECTIVES:
+          continue
+        sizes = _proto_bytes(ins.shape)
+        nbytes = (max(sizes) if start and op == "all-gather" else
+                  sizes[0] if start and op == "collective-permute" and sizes else sum(sizes))
+        yield op, nbytes, _proto_group(ins, devices)
+
+  return _tally(ops())
