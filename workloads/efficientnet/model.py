@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mlbench.train.layers import batch_norm
+from workloads.common.blocks import conv_and_norm
 from workloads.efficientnet.config import ModelConfig
 
 
@@ -93,9 +93,8 @@ class MBConv(nn.Module):
   @nn.compact
   def __call__(self, x_BHWC: jax.Array, train: bool) -> jax.Array:
     b, dtype = self.block, jnp.dtype(self.cfg.dtype.value)
-    conv = functools.partial(nn.Conv, use_bias=False, padding="SAME", kernel_init=_conv_init,
-                             dtype=dtype)
-    norm = batch_norm(self.cfg, train=train, groups=self.bn_groups)
+    conv, norm = conv_and_norm(self.cfg, train=train, groups=self.bn_groups,
+                               kernel_init=_conv_init, padding="SAME")
     x = x_BHWC
     wide = b.c_in * b.expand
     if b.expand != 1:
@@ -137,17 +136,16 @@ class EfficientNet(nn.Module):
   @nn.compact
   def __call__(self, x_BHWC: jax.Array, train: bool) -> jax.Array:
     cfg, dtype = self.cfg, jnp.dtype(self.cfg.dtype.value)
-    norm = batch_norm(cfg, train=train, groups=self.bn_groups)
-    x = nn.Conv(round_filters(STEM, cfg.width), (3, 3), strides=2, padding="SAME",
-                use_bias=False, kernel_init=_conv_init, dtype=dtype,
-                name="stem_conv")(x_BHWC.astype(dtype))
+    conv, norm = conv_and_norm(cfg, train=train, groups=self.bn_groups,
+                               kernel_init=_conv_init, padding="SAME")
+    x = conv(round_filters(STEM, cfg.width), (3, 3), strides=2,
+             name="stem_conv")(x_BHWC.astype(dtype))
     x = nn.swish(norm(name="stem_bn")(x))
     every = blocks(cfg)
     drop = 1.0 - cfg.survival_prob
     for i, b in enumerate(every):
       x = MBConv(b, cfg, 1.0 - drop * i / len(every), self.bn_groups, name=f"block{i}")(x, train)
-    x = nn.Conv(round_filters(HEAD, cfg.width), (1, 1), use_bias=False, kernel_init=_conv_init,
-                dtype=dtype, name="head_conv")(x)
+    x = conv(round_filters(HEAD, cfg.width), (1, 1), name="head_conv")(x)
     x_BC = jnp.mean(nn.swish(norm(name="head_bn")(x)), axis=(1, 2))
     x_BC = nn.Dropout(cfg.dropout, deterministic=not train)(x_BC)
     return nn.Dense(cfg.num_classes, kernel_init=_dense_init, dtype=jnp.float32,

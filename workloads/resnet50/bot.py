@@ -24,8 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mlbench.train.layers import batch_norm
-from workloads.resnet50.config import ModelConfig
+from workloads.common.blocks import ResidualBlock, shortcut
 
 
 def relative_logits(q_BNHWD: jax.Array, rel_h: jax.Array, rel_w: jax.Array) -> jax.Array:
@@ -64,21 +63,15 @@ class RelativeSelfAttention(nn.Module):
     return out_BHWND.reshape(b, h, w, c)
 
 
-class BoTBlock(nn.Module):
+class BoTBlock(ResidualBlock):
   """A ResNet bottleneck whose 3x3 convolution is `RelativeSelfAttention`."""
-
-  width: int
-  strides: int
-  cfg: ModelConfig
-  bn_groups: int = 1
 
   @nn.compact
   def __call__(self, x_BHWC: jax.Array, train: bool) -> jax.Array:
     from workloads.resnet50.model import conv_init  # here: model.py imports this module
 
     dtype = jnp.dtype(self.cfg.dtype.value)
-    conv = functools.partial(nn.Conv, use_bias=False, kernel_init=conv_init, dtype=dtype)
-    norm = batch_norm(self.cfg, train=train, groups=self.bn_groups)
+    conv, norm = self.conv_and_norm(train, conv_init)
     y = nn.relu(norm(name="bn1")(conv(self.width, (1, 1), name="conv1")(x_BHWC)))
     y = RelativeSelfAttention(self.cfg.attention_heads, dtype, name="mhsa")(y)
     if self.strides != 1:  # TF's 'same' average pooling, as the projection's output size
@@ -87,11 +80,7 @@ class BoTBlock(nn.Module):
     y = nn.relu(norm(name="bn2")(y))
     last_init = nn.initializers.zeros if self.cfg.zero_init_last_bn else nn.initializers.ones
     y = norm(scale_init=last_init, name="bn3")(conv(4 * self.width, (1, 1), name="conv3")(y))
-    shortcut = x_BHWC
-    if x_BHWC.shape[-1] != 4 * self.width or self.strides != 1:
-      shortcut = conv(4 * self.width, (1, 1), strides=self.strides, name="proj_conv")(x_BHWC)
-      shortcut = norm(name="proj_bn")(shortcut)
-    return nn.relu(y + shortcut)
+    return nn.relu(y + shortcut(x_BHWC, 4 * self.width, self.strides, conv, norm))
 
 
 def mhsa_flops(size: int, channels: int) -> float:

@@ -8,14 +8,13 @@ C channels, K classes.
 
 from __future__ import annotations
 
-import functools
 
 import flax.linen as nn
 import jax.numpy as jnp
 
-from mlbench.train.layers import batch_norm
+from workloads.common.blocks import ResidualBlock, resnet_stem, shortcut
 from workloads.resnet50.bot import BoTBlock
-from workloads.resnet50.config import Block, ModelConfig, Stem
+from workloads.resnet50.config import Block, ModelConfig
 
 # Keras 'he_normal', the reference's kernel_initializer (mlcommons/training
 # retired_benchmarks/resnet-tf2/tensorflow2/resnet_model.py L115, L132, L147, L307):
@@ -32,19 +31,12 @@ def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
   return total // 2, total - total // 2
 
 
-class Bottleneck(nn.Module):
+class Bottleneck(ResidualBlock):
   """1x1 reduce -> 3x3 (carries the stride, v1.5) -> 1x1 expand x4, plus shortcut."""
-
-  width: int
-  strides: int
-  cfg: ModelConfig
-  bn_groups: int = 1
 
   @nn.compact
   def __call__(self, x_BHWC: jnp.ndarray, train: bool) -> jnp.ndarray:
-    conv = functools.partial(nn.Conv, use_bias=False, kernel_init=conv_init,
-                             dtype=jnp.dtype(self.cfg.dtype.value))
-    norm = batch_norm(self.cfg, train=train, groups=self.bn_groups)
+    conv, norm = self.conv_and_norm(train, conv_init)
     y = nn.relu(norm(name="bn1")(conv(self.width, (1, 1), name="conv1")(x_BHWC)))
     pad = (same_padding(y.shape[1], 3, self.strides), same_padding(y.shape[2], 3, self.strides))
     y = conv(self.width, (3, 3), strides=self.strides, padding=pad, name="conv2")(y)
@@ -54,11 +46,7 @@ class Bottleneck(nn.Module):
     # L150-155); zero_init_last_bn is the open-division option of Goyal et al.
     last_init = nn.initializers.zeros if self.cfg.zero_init_last_bn else nn.initializers.ones
     y = norm(scale_init=last_init, name="bn3")(y)
-    shortcut = x_BHWC
-    if x_BHWC.shape[-1] != 4 * self.width or self.strides != 1:
-      shortcut = conv(4 * self.width, (1, 1), strides=self.strides, name="proj_conv")(x_BHWC)
-      shortcut = norm(name="proj_bn")(shortcut)
-    return nn.relu(y + shortcut)
+    return nn.relu(y + shortcut(x_BHWC, 4 * self.width, self.strides, conv, norm))
 
 
 class ResNet(nn.Module):
@@ -71,22 +59,14 @@ class ResNet(nn.Module):
   def __call__(self, x_BHWC: jnp.ndarray, train: bool) -> jnp.ndarray:
     cfg = self.cfg
     dtype = jnp.dtype(cfg.dtype.value)
-    x = x_BHWC.astype(dtype)
-    if cfg.stem is Stem.IMAGENET:
-      x = nn.Conv(cfg.width, (7, 7), strides=2, padding=((3, 3), (3, 3)), use_bias=False,
-                  kernel_init=conv_init, dtype=dtype, name="stem_conv")(x)
-    else:
-      x = nn.Conv(cfg.width, (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
-                  kernel_init=conv_init, dtype=dtype, name="stem_conv")(x)
-    x = batch_norm(cfg, train=train, groups=self.bn_groups)(name="stem_bn")(x)
-    x = nn.relu(x)
-    if cfg.stem is Stem.IMAGENET:
-      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=(same_padding(x.shape[1], 3, 2),
-                                                            same_padding(x.shape[2], 3, 2)))
-    for stage, blocks in enumerate(cfg.stage_sizes):
+    x = resnet_stem(
+        x_BHWC.astype(dtype), cfg, width=cfg.width, train=train, groups=self.bn_groups,
+        kernel_init=conv_init,
+        pool_padding=lambda x: (same_padding(x.shape[1], 3, 2), same_padding(x.shape[2], 3, 2)))
+    for stage, count in enumerate(cfg.stage_sizes):
       last = stage == len(cfg.stage_sizes) - 1
       kind = BoTBlock if last and cfg.block is Block.BOTTLENECK_TRANSFORMER else Bottleneck
-      for block in range(blocks):
+      for block in range(count):
         strides = 2 if stage > 0 and block == 0 else 1
         x = kind(cfg.width * 2 ** stage, strides, cfg, self.bn_groups,
                  name=f"stage{stage + 1}_block{block + 1}")(x, train)

@@ -16,13 +16,9 @@ import dataclasses
 import enum
 
 from mlbench.fields import DType, at_least, fraction, positive, require, same_length
-
-
-class Stem(enum.Enum):
-  """The layers before the first residual stage."""
-
-  IMAGENET = "imagenet"  # 7x7/2 convolution, 3x3/2 max pool (torchvision ResNet-34).
-  SMALL = "small"        # 3x3/1 convolution, no pool, for tiny images.
+# resnet50's: IMAGENET (7x7/2 convolution, 3x3/2 max pool, torchvision's ResNet-34 here) or
+# SMALL (3x3/1 convolution, no pool, for tiny images); workloads.common.blocks builds it.
+from workloads.resnet50.config import Stem
 
 
 class Source(enum.Enum):

@@ -19,37 +19,26 @@ import functools
 import flax.linen as nn
 import jax.numpy as jnp
 
-from mlbench.train.layers import batch_norm
-from workloads.ssd.config import AnchorConfig, ModelConfig, Stem
+from workloads.common.blocks import ResidualBlock, resnet_stem, shortcut
+from workloads.ssd.config import AnchorConfig, ModelConfig
 
 # He initialisation over fan-out for the backbone, as torchvision does.
 _conv_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
 _xavier = nn.initializers.xavier_uniform()
 
 
-class BasicBlock(nn.Module):
+class BasicBlock(ResidualBlock):
   """3x3 -> 3x3 with a shortcut (a 1x1 projection when the shape changes)."""
-
-  width: int
-  strides: int
-  cfg: ModelConfig
-  bn_groups: int = 1
 
   @nn.compact
   def __call__(self, x_BHWC: jnp.ndarray, train: bool) -> jnp.ndarray:
-    dtype = jnp.dtype(self.cfg.dtype.value)
-    conv = functools.partial(nn.Conv, use_bias=False, kernel_init=_conv_init, dtype=dtype)
-    norm = batch_norm(self.cfg, train=train, groups=self.bn_groups)
+    conv, norm = self.conv_and_norm(train, _conv_init)
     y = conv(self.width, (3, 3), strides=self.strides, padding=((1, 1), (1, 1)), name="conv1")(
         x_BHWC)
     y = nn.relu(norm(name="bn1")(y))
     y = conv(self.width, (3, 3), padding=((1, 1), (1, 1)), name="conv2")(y)
     y = norm(name="bn2")(y)
-    shortcut = x_BHWC
-    if x_BHWC.shape[-1] != self.width or self.strides != 1:
-      shortcut = conv(self.width, (1, 1), strides=self.strides, name="proj_conv")(x_BHWC)
-      shortcut = norm(name="proj_bn")(shortcut)
-    return nn.relu(y + shortcut)
+    return nn.relu(y + shortcut(x_BHWC, self.width, self.strides, conv, norm))
 
 
 class Backbone(nn.Module):
@@ -61,18 +50,9 @@ class Backbone(nn.Module):
   @nn.compact
   def __call__(self, x_BHWC: jnp.ndarray, train: bool) -> jnp.ndarray:
     cfg = self.cfg
-    dtype = jnp.dtype(cfg.dtype.value)
-    width = cfg.stage_widths[0]
-    if cfg.stem is Stem.IMAGENET:
-      x = nn.Conv(width, (7, 7), strides=2, padding=((3, 3), (3, 3)), use_bias=False,
-                  kernel_init=_conv_init, dtype=dtype, name="stem_conv")(x_BHWC)
-    else:
-      x = nn.Conv(width, (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
-                  kernel_init=_conv_init, dtype=dtype, name="stem_conv")(x_BHWC)
-    x = batch_norm(cfg, train=train, groups=self.bn_groups)(name="stem_bn")(x)
-    x = nn.relu(x)
-    if cfg.stem is Stem.IMAGENET:
-      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+    # torchvision pads its max pool by 1 on every side (TF's 'same' pads 0 before, 1 after).
+    x = resnet_stem(x_BHWC, cfg, width=cfg.stage_widths[0], train=train, groups=self.bn_groups,
+                    kernel_init=_conv_init, pool_padding=lambda x: ((1, 1), (1, 1)))
     for stage, (blocks, width, stride) in enumerate(
         zip(cfg.stage_sizes, cfg.stage_widths, cfg.stage_strides)):
       for block in range(blocks):
