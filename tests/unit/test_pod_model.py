@@ -107,6 +107,14 @@ def test_the_fit_recovers_known_constants_and_leave_one_out_predicts_each_run():
   assert fit.spread(fit.leave_one_out(fake[:4], got, only_eta=True))["worst"] < 1.02
 
 
+def test_only_the_compiles_asked_for_are_made():
+  have = {"bert@b2/m1/L2": {}}
+  keys = [v.key for v in costs.VARIANTS if costs.wanted(v, {"ssd@b32/m1", "bert"}, have, True)]
+  assert keys == ["ssd@b32/m1", "bert@b2/m1/L4", "bert@b16/m1/L2"]
+  assert len([v for v in costs.VARIANTS if costs.wanted(v, set(), have, False)]) == len(
+      costs.VARIANTS)
+
+
 def test_cached_compiles_interpolate_in_the_batch():
   records = costs.load()
   resnet = [r for r in records.values() if r["workload"] == "resnet50"]
