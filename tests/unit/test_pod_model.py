@@ -35,6 +35,17 @@ def test_mllog_lines_and_a_run_start_logged_before_init_stop():
   assert 20 < ssd.run_s < 40 and ssd.sound_step_s() is None  # async blocks: not sound
 
 
+def test_evaluations_logged_after_run_stop_are_not_the_runs():
+  """SSD scores COCO on the host while training goes on: the v0.7 JAX run's target eval
+  (epoch 80) comes back at epoch 112, and it logs eight more evaluations of training
+  after run_stop; the v0.6 TF run logs its epoch-65 evaluation after run_stop too."""
+  jax_ssd = runlog.read(V07 / "tpu-v3-4096-JAX" / "ssd" / "result_0.txt", 118_287)
+  assert jax_ssd.evals == 8  # epochs 40 and 50 to 80
+  assert jax_ssd.samples == 112 * 118_287  # the 112 one-epoch blocks done by run_stop
+  v06 = runlog.read(V06 / "tpu-v3-256" / "ssd" / "result_0.txt", 117_266)
+  assert v06.evals == 5 and v06.samples == 59 * 117_266
+
+
 def test_from_log_takes_both_formats():
   rule = rules.load("resnet", "0.7.0")
   old = predict.from_log(V06 / "tpu-v3-128" / "resnet" / "result_0.txt", rule, 1_281_167)
