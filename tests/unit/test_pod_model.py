@@ -50,6 +50,10 @@ def test_from_log_takes_both_formats():
   rule = rules.load("resnet", "0.7.0")
   old = predict.from_log(V06 / "tpu-v3-128" / "resnet" / "result_0.txt", rule, 1_281_167)
   assert old.samples == 64 * 1_281_167
+  # The JAX SSD run reached its target at epoch 80; it logged evaluations to epoch 120.
+  ssd = predict.from_log(V07 / "tpu-v3-4096-JAX" / "ssd" / "result_0.txt",
+                         rules.load("ssd", "0.7.0"), 118_287)
+  assert ssd.samples == 80 * 118_287
 
 
 LINK = collectives.Link(link_bytes_per_s=1e9, hop_latency_s=1e-6)
