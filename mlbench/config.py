@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mlbench import paths, pending
 from mlbench.errors import UserError, choices
 from mlbench.workload import Workload
 
@@ -92,18 +93,21 @@ def default_cache_dir() -> Path:
   return Path(base) / "mlbench"
 
 
-def compile_cache_dir(value: str | os.PathLike | None = None) -> Path | None:
+def compile_cache_dir(value: str | os.PathLike | None = None) -> paths.Path | None:
   """The folder of JAX's persistent compilation cache for a `--compile-cache` value.
 
   None or "": the default, JAX_COMPILATION_CACHE_DIR if set (JAX's own setting),
-  else `<default_cache_dir()>/jax`; "off": no cache; anything else: that folder.
+  else `<default_cache_dir()>/jax`; "off": no cache; anything else: that folder
+  (or bucket: `gs://...`, which every host of a pod can share).
   """
   if value is None or str(value) == "":
     jax_dir = os.environ.get("JAX_COMPILATION_CACHE_DIR")
-    return Path(jax_dir) if jax_dir else default_cache_dir() / "jax"
-  if str(value).lower() == "off":
+    value = jax_dir or default_cache_dir() / "jax"
+  elif str(value).lower() == "off":
     return None
-  return Path(value).expanduser().absolute()
+  if paths.is_remote(value):
+    return paths.path(value, "--compile-cache")
+  return paths.path(Path(value).expanduser().absolute())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +121,7 @@ class RunConfig:
     overrides: dotted `KEY=VALUE` edits of the workload config.
     data_dir: where datasets are read from (and generated, for mini configs).
     results_dir: the submission folder: `systems/` and `results/` go in it.
+      Every path may be a bucket (`gs://...`), an `etils.epath.Path`.
     system: system description name; None derives one from the machine.
     seed: seed of the first run (run i uses seed + i); None draws each run's
       seed from the OS entropy pool, as MLPerf closed division requires.
@@ -142,6 +147,9 @@ class RunConfig:
     checkpoint_dir: where checkpoints go (None: each run's folder under
       `<results_dir>/runs/`).
     resume: the checkpoint folder of the interrupted run to continue.
+    stale_after: seconds without a heartbeat after which a pending log of
+      another host's run counts as abandoned (this host's: once its process
+      is gone).
     precision: float32 or bfloat16 for the model's matmuls and activations (the
       config's `model.dtype`); None: bfloat16 for full configs on TPUs and GPUs,
       the config's own elsewhere.
@@ -151,8 +159,9 @@ class RunConfig:
   workload: str
   config: str | None = None
   overrides: tuple[str, ...] = ()
-  data_dir: Path = dataclasses.field(default_factory=lambda: default_cache_dir() / "data")
-  results_dir: Path = Path("results")
+  data_dir: paths.Path = dataclasses.field(
+      default_factory=lambda: paths.path(default_cache_dir() / "data"))
+  results_dir: paths.Path = paths.path("results")
   system: str | None = None
   seed: int | None = None
   runs: int = 1
@@ -169,11 +178,19 @@ class RunConfig:
   num_processes: int | None = None
   process_id: int | None = None
   checkpoint_every: int = 0
-  checkpoint_dir: Path | None = None
-  resume: Path | None = None
+  checkpoint_dir: paths.Path | None = None
+  resume: paths.Path | None = None
   precision: str | None = None
-  compile_cache: Path | None = dataclasses.field(default_factory=compile_cache_dir)
+  compile_cache: paths.Path | None = dataclasses.field(default_factory=compile_cache_dir)
+  stale_after: float = pending.STALE_AFTER_S
   profile: tuple[int, int] | None = None
+
+  def __post_init__(self):
+    # Paths given as strings or pathlib paths (tests, notebooks) become epath paths.
+    for name in ("data_dir", "results_dir", "checkpoint_dir", "resume", "compile_cache"):
+      value = getattr(self, name)
+      if value is not None and not isinstance(value, paths.Path):
+        object.__setattr__(self, name, paths.path(value))
 
 
 PRECISIONS = ("float32", "bfloat16")

@@ -4,11 +4,11 @@
     <results_dir>/results/<system>/<benchmark>/result_<i>.txt
 
 so `python -m mlperf_logging.package_checker <results_dir> training <ruleset>`
-runs on `<results_dir>`. A run logs into a pending file next to the results and
-publishes it as the lowest free `result_<i>.txt` with a hard link, which fails
-instead of overwriting: nothing already written is ever lost, even with two
-runs finishing at once. A system description is written once and never
-replaced; a later run with a different division is refused.
+runs on `<results_dir>`, which may be a local folder, a mount shared by hosts
+or a bucket (`gs://...`). A run logs into a pending file next to the results and
+publishes it as the lowest free `result_<i>.txt` (`mlbench.pending`), never
+overwriting one. A system description is written once and never replaced; a
+later run with a different division is refused.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import os
 import platform
 import re
 import secrets
-import shutil
-import uuid
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from mlbench import paths
+from etils import epath
+
+from mlbench import paths, storage
 from mlbench.errors import UserError
 
 # Allowed `status` values of systems/<system>.json (system_desc_checker, >= 4.0)
@@ -39,22 +39,22 @@ STATUS_TO_LOG = {
 DEFAULT_STATUS = "Research, Development, or Internal (RDI)"
 
 
-def benchmark_dir(results_dir: Path, system: str, benchmark: str) -> Path:
+def benchmark_dir(results_dir: paths.PathLike, system: str, benchmark: str) -> epath.Path:
   """`<results_dir>/results/<system>/<benchmark>`, checked to stay inside `results_dir`.
 
   Raises:
     UserError: a name is not one safe path component, or the folder resolves
       (through a link) outside `results_dir`.
   """
-  folder = (results_dir / "results" / paths.check_name("system name", system)
+  folder = (paths.path(results_dir) / "results" / paths.check_name("system name", system)
             / paths.check_name("benchmark name", benchmark))
   paths.inside(results_dir, folder)
   return folder
 
 
-def system_file(results_dir: Path, system: str) -> Path:
+def system_file(results_dir: paths.PathLike, system: str) -> epath.Path:
   """`<results_dir>/systems/<system>.json`, checked like `benchmark_dir`."""
-  path = results_dir / "systems" / f"{paths.check_name('system name', system)}.json"
+  path = paths.path(results_dir) / "systems" / f"{paths.check_name('system name', system)}.json"
   paths.inside(results_dir, path)
   return path
 
@@ -64,159 +64,19 @@ def new_run_id() -> str:
   return f"{secrets.randbits(31):08x}"
 
 
-def pending_log(results_dir: Path, system: str, benchmark: str, rid: str | None = None) -> Path:
-  """A fresh file name for a run's log while it runs (not a result_*.txt):
-  `pending_<pid>_<run id>.log`."""
-  folder = benchmark_dir(results_dir, system, benchmark)
-  folder.mkdir(parents=True, exist_ok=True)
-  return folder / f"pending_{os.getpid()}_{rid or new_run_id()}.log"
-
-
-_PENDING = re.compile(r"pending_(\d+)_([0-9a-f]{8})\.log")
-PARTIAL_LOG = "partial.log"
-"""What an interrupted run's log is called inside its run folder."""
-
-
-def run_id(pending: Path) -> str:
-  """The identity of the run logging into `pending` (its run folder's name)."""
-  m = _PENDING.fullmatch(pending.name)
-  if not m:
-    raise ValueError(f"{pending} is not a pending log")
-  return m[2]
-
-
-def run_folder(results_dir: Path, system: str, benchmark: str, rid: str) -> Path:
+def run_folder(results_dir: paths.PathLike, system: str, benchmark: str, rid: str) -> epath.Path:
   """`<results_dir>/runs/<system>/<benchmark>/<run id>`: one run's checkpoints and,
   if it was interrupted, its partial log. Outside `results/`, so the package
   checks never see it."""
-  folder = (results_dir / "runs" / paths.check_name("system name", system)
+  folder = (paths.path(results_dir) / "runs" / paths.check_name("system name", system)
             / paths.check_name("benchmark name", benchmark) / paths.check_name("run id", rid))
   paths.inside(results_dir, folder)
   return folder
 
 
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:  # Someone else's process: alive.
-    return True
-  return True
-
-
-def pending_logs(folder: Path) -> tuple[list[Path], list[Path]]:
-  """(stale, live) pending logs in a benchmark folder.
-
-  Stale: the process that wrote it no longer runs on this host (it was killed,
-  or the machine went down). A results dir shared between hosts can make a live
-  run of another host look stale: the pid is all a pending name records.
-  """
-  stale, live = [], []
-  if folder.is_dir():
-    for p in sorted(folder.iterdir()):
-      m = _PENDING.fullmatch(p.name)
-      if m and p.is_file():
-        (live if _alive(int(m[1])) and int(m[1]) != os.getpid() else stale).append(p)
-  return stale, live
-
-
-def published_as(pending: Path) -> Path | None:
-  """The result_<i>.txt that `pending` is a hard link of: its run was killed inside
-  `publish`, after the link and before the pending name was removed."""
-  for result in result_files(pending.parent):
-    if os.path.samefile(result, pending):
-      return result
-  return None
-
-
-def shelve(pending: Path, folder: Path) -> Path:
-  """Moves a pending log into its run folder as `partial.log`; never overwrites.
-
-  Returns:
-    Where the log now is.
-  """
-  folder.mkdir(parents=True, exist_ok=True)
-  dst = folder / PARTIAL_LOG
-  i = 0
-  while not _place(pending, dst):
-    i += 1
-    dst = folder / f"partial_{i}.log"
-  pending.unlink()
-  return dst
-
-
-def check_writable(folder: Path, what: str, *, parents: bool = False,
-                   min_free_bytes: int = 64 << 20) -> None:
-  """Creates `folder` and proves a file can be written there.
-
-  Args:
-    parents: create missing parents too; without it the parent must exist, so
-      a folder on a mount that is not there is an error, not a new folder on
-      the root filesystem.
-
-  Raises:
-    UserError: the parent is missing (a missing mount?), the folder cannot be
-      written, or its filesystem has less than `min_free_bytes` free.
-  """
-  folder = Path(folder)
-  if not parents and not folder.exists() and not folder.parent.is_dir():
-    raise UserError(f"{what} {folder}: its parent {folder.parent} does not exist (a missing "
-                    "mount?); create it or choose another folder")
-  try:
-    folder.mkdir(parents=parents, exist_ok=True)
-    probe = folder / f".write-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    probe.write_bytes(b"x")
-    probe.unlink()
-    free = shutil.disk_usage(folder).free
-  except OSError as e:
-    raise UserError(f"cannot write to {what} {folder} ({e.strerror or e}); choose a writable "
-                    "folder") from None
-  if free < min_free_bytes:
-    raise UserError(f"{what} {folder} has only {free / 2**20:.1f} MiB free (at least "
-                    f"{min_free_bytes / 2**20:.0f} MiB needed); free some space or choose "
-                    "another folder")
-
-
-def _place(src: Path, dst: Path) -> bool:
-  """Gives `src`'s content the name `dst` unless `dst` exists; True if it did.
-
-  A hard link is atomic and refuses to replace; where a filesystem has no hard
-  links, an exclusive create plus copy still never replaces.
-  """
-  try:
-    os.link(src, dst)
-    return True
-  except FileExistsError:
-    return False
-  except OSError:
-    try:
-      with open(dst, "xb") as out, open(src, "rb") as f:
-        shutil.copyfileobj(f, out)
-        out.flush()
-        os.fsync(out.fileno())
-      return True
-    except FileExistsError:
-      return False
-
-
-def publish(pending: Path) -> Path:
-  """Moves a finished log to the lowest free `result_<i>.txt`; never overwrites.
-
-  Returns:
-    The published path.
-  """
-  with open(pending, "rb") as f:
-    os.fsync(f.fileno())
-  i = 0
-  while not _place(pending, pending.parent / f"result_{i}.txt"):
-    i += 1
-  pending.unlink()
-  return pending.parent / f"result_{i}.txt"
-
-
-def result_files(folder: Path) -> list[Path]:
+def result_files(folder: paths.PathLike) -> list[epath.Path]:
   """`result_<i>.txt` files in a benchmark folder, by index."""
+  folder = paths.path(folder)
   found = [p for p in folder.glob("result_*.txt") if re.fullmatch(r"result_\d+\.txt", p.name)]
   return sorted(found, key=lambda p: int(p.stem.split("_")[1]))
 
@@ -373,7 +233,7 @@ def describe(machine: Machine, *, system: str, submitter: str, division: str,
   }
 
 
-def ensure_system(results_dir: Path, description: dict[str, Any]) -> dict[str, Any]:
+def ensure_system(results_dir: paths.PathLike, description: dict[str, Any]) -> dict[str, Any]:
   """Writes `systems/<system>.json` unless it exists; returns what is on disk.
 
   Raises:
@@ -382,12 +242,7 @@ def ensure_system(results_dir: Path, description: dict[str, Any]) -> dict[str, A
   """
   path = system_file(results_dir, description["system_name"])
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-  tmp.write_text(json.dumps(description, indent=2) + "\n")
-  try:
-    _place(tmp, path)
-  finally:
-    tmp.unlink()
+  storage.write_new(path, json.dumps(description, indent=2) + "\n")
   try:
     on_disk = json.loads(path.read_text())
   except (OSError, json.JSONDecodeError) as e:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import click
 
@@ -25,13 +24,13 @@ from mlbench.config import RunConfig
 @click.option("--topology", metavar="SLICE",
               help="Compile for a Cloud TPU slice with the TPU compiler (no TPU needed; needs "
                    "libtpu): v3-2048, v4-128, v5p-256, v6e-64, ...")
-@click.option("--from-log", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Steps to converge from this result log of a real run, instead of MLPerf's "
-                   "reference convergence points.")
+@click.option("--from-log", metavar="PATH",
+              help="Steps to converge from this result log of a real run (a file or gs://...), "
+                   "instead of MLPerf's reference convergence points.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @scaling_options
 def check_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...],
-              cpu_devices: int | None, topology: str | None, from_log: Path | None,
+              cpu_devices: int | None, topology: str | None, from_log: str | None,
               as_json: bool, **scaling) -> int:
   """Compile WORKLOAD's init, train and eval steps for the mesh, from shapes alone.
 
@@ -41,15 +40,17 @@ def check_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...]
   pod time. With --topology: also XLA's estimated step time, the roofline terms, the
   predicted samples/s, MFU and time to train.
   """
+  from mlbench import paths
   from mlbench.pod import check, parallel
   from mlbench.train import compile_cache
 
   if topology and cpu_devices:
     raise click.UsageError("--topology and --cpu-devices exclude each other")
+  log = None if from_log is None else paths.require_file(from_log, "--from-log")
   rc = RunConfig(workload=workload, config=config_name, overrides=tuple(overrides),
                  cpu_devices=cpu_devices, **scaling_config(scaling))
   plan, note = _topology_plan(rc, topology) if topology else _local_plan(rc)
-  report = check.dry_run(plan, topology=topology, convergence=_convergence(plan, from_log))
+  report = check.dry_run(plan, topology=topology, convergence=_convergence(plan, log))
   axes = parallel.report(plan, report)  # the spatial and stage axes, where the mesh has them
   console = output.console()
   _print(report, console)
@@ -94,7 +95,7 @@ def _topology_plan(rc: RunConfig, name: str):
   return make_plan(rc, runtime, machine=topology.machine(slice_, runtime.devices)), note
 
 
-def _convergence(plan, from_log: Path | None):
+def _convergence(plan, from_log):
   from mlbench.pod import predict
 
   if from_log is not None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -11,12 +13,13 @@ from pathlib import Path
 
 import click
 
+from mlbench import paths as path_lib, storage
 from mlbench.cli import output
 from mlbench.errors import UserError
 
 
 @click.command("compare")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True)
 @click.option("--ruleset", metavar="VERSION", envvar="MLBENCH_RULESET",
               help="Rules the logs follow. [default: named in mlbench logs, else the round the "
                    "runs' dates fall in]")
@@ -28,9 +31,10 @@ from mlbench.errors import UserError
               help="Draw convergence curves (eval metric against minutes) to a PNG.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=120.0,
               show_default=True, help="Seconds an official tool may take on one input.")
-def compare_cmd(paths: tuple[Path, ...], ruleset: str | None, csv_file: Path | None,
+def compare_cmd(paths: tuple[str, ...], ruleset: str | None, csv_file: Path | None,
                 json_file: Path | None, plot_file: Path | None, timeout_s: float) -> int:
-  """Score and compare PATHS: submission packages, results folders, mlbench results dirs.
+  """Score and compare PATHS: submission packages, results folders, mlbench results dirs,
+  on a disk or in a bucket (gs://...).
 
   Per benchmark and system: run minutes, the olympic score (as
   result_summarizer computes it), batch size, epochs or samples to converge,
@@ -42,8 +46,13 @@ def compare_cmd(paths: tuple[Path, ...], ruleset: str | None, csv_file: Path | N
   from mlbench.verify import compare
 
   console = output.console()
-  output.note_pending(paths, console)
-  entries = compare.compare(list(paths), ruleset=ruleset, timeout_s=timeout_s)
+  with contextlib.ExitStack() as stack:
+    # The official tools read local files: a bucket's logs are read into a local copy.
+    local = {stack.enter_context(storage.fetched(path_lib.path(p, "compare"), "compare")): p
+             for p in paths}
+    output.note_pending(list(local), console)
+    entries = [dataclasses.replace(e, source=local.get(e.source, e.source))
+               for e in compare.compare(list(local), ruleset=ruleset, timeout_s=timeout_s)]
   if not entries:
     raise UserError("no result logs under " + ", ".join(map(str, paths)))
   _table(entries, console)

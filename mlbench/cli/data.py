@@ -19,8 +19,9 @@ def data_group() -> None:
 
 @data_group.command("prepare")
 @click.argument("dataset", type=click.Choice(DATASETS))
-@click.option("--raw", type=click.Path(path_type=Path), help="The dataset as you have it.")
-@click.option("--out", type=click.Path(path_type=Path), help="Folder to write the prepared set to.")
+@click.option("--raw", metavar="DIR", help="The dataset as you have it (a local folder).")
+@click.option("--out", metavar="DIR",
+              help="Folder or bucket (gs://...) to write the prepared set to.")
 @click.option("--workers", type=click.IntRange(1), default=os.cpu_count() or 1, show_default=True,
               help="Processes writing shards in parallel.")
 @click.option("--dry-run", is_flag=True, help="Say what would be written, write nothing.")
@@ -37,13 +38,14 @@ def data_group() -> None:
 @click.option("--val-labels", type=click.Path(path_type=Path),
               help="imagenet: LOC_val_solution.csv, a file of one wnid per validation image, or "
                    "the devkit folder. [default: found under --raw]")
-def prepare_cmd(dataset: str, raw: Path | None, out: Path | None, workers: int, dry_run: bool,
+def prepare_cmd(dataset: str, raw: str | None, out: str | None, workers: int, dry_run: bool,
                 **options) -> int:
   """Turn DATASET as found under --raw into the files its workload reads, under --out.
 
   Shards are written atomically; run it again after an interrupt and only the
   unfinished shards are written.
   """
+  from mlbench import paths
   from mlbench.datasets import jobs, shards
   from mlbench.errors import UserError
 
@@ -52,7 +54,11 @@ def prepare_cmd(dataset: str, raw: Path | None, out: Path | None, workers: int, 
   if raw is None or out is None:
     raise UserError(f"prepare {dataset} needs --raw DIR (the dataset as you have it) and "
                     "--out DIR")
-  job = jobs.job(dataset, raw, out, options)
+  if paths.is_remote(paths.path(raw, "--raw")):
+    raise UserError(f"--raw {raw}: give a local folder (copy the raw set to a local disk "
+                    "first, e.g. with `gcloud storage cp -r`)")
+  out = paths.path(out, "--out")
+  job = jobs.job(dataset, Path(raw), out, options)
   console = output.console()
   if dry_run:
     _show_plan(console, job, out)
@@ -62,10 +68,11 @@ def prepare_cmd(dataset: str, raw: Path | None, out: Path | None, workers: int, 
   return _report(console, summary, job, out)
 
 
-def _show_plan(console, job, out: Path) -> None:
+def _show_plan(console, job, out) -> None:
   from mlbench.datasets import shards
 
-  done = [s for s in job.shards if shards.is_finished(out, s)]
+  finished = shards.finished(out, job.shards)
+  done = [s for s in job.shards if s.name in finished]
   console.print(f"dry run: {len(job.shards) - len(done)} of {len(job.shards)} shards to write "
                 f"into {out} ({len(done)} already finished)", highlight=False)
   for s in job.shards:
@@ -73,7 +80,7 @@ def _show_plan(console, job, out: Path) -> None:
     console.print(f"  {state:9} {', '.join(s.outputs)}", highlight=False)
 
 
-def _report(console, summary, job, out: Path) -> int:
+def _report(console, summary, job, out) -> int:
   rate = summary.units / summary.seconds if summary.seconds else 0.0
   console.print(f"wrote {summary.written} shard(s), skipped {summary.skipped} finished; "
                 f"{summary.records:,} records in {out}; {summary.units:,} {job.unit} in "
@@ -87,19 +94,21 @@ def _report(console, summary, job, out: Path) -> int:
 
 @data_group.command("verify")
 @click.argument("dataset", type=click.Choice(DATASETS))
-@click.argument("folder", type=click.Path(path_type=Path))
+@click.argument("folder")
 @click.option("--full", is_flag=True,
               help="Also count every record and recompute the checksums (reads everything).")
-def verify_cmd(dataset: str, folder: Path, full: bool) -> int:
-  """Check a prepared DATASET in FOLDER: files, sizes, numbering, a record's schema.
+def verify_cmd(dataset: str, folder: str, full: bool) -> int:
+  """Check a prepared DATASET in FOLDER (a folder or gs://...): files, sizes, numbering,
+  a record's schema.
 
   Exits 1 when anything is missing or wrong.
   """
   from rich.table import Table
 
+  from mlbench import paths
   from mlbench.datasets import check
 
-  rows = check.verify(dataset, folder, full=full)
+  rows = check.verify(dataset, paths.path(folder, "data verify"), full=full)
   table = Table(title=f"{dataset} in {folder}", title_justify="left")
   for col in ("check", "expected", "found", ""):
     table.add_column(col)

@@ -22,18 +22,35 @@ def note_pending(paths, console: Console) -> None:
   """
   from pathlib import Path
 
-  from mlbench import results
+  from mlbench import pending
 
   folders = set()
   for path in map(Path, paths):
     if path.is_dir():
       folders |= {p.parent for p in path.rglob("pending_*.log")}
   for folder in sorted(folders):
-    stale, live = results.pending_logs(folder)
+    found = pending.scan(folder)
+    stale = [p for p in found if p.abandoned and p.log is not None]
+    live = [p for p in found if not p.abandoned and p.log is not None]
     if stale:
       console.print(f"note: ignoring {len(stale)} log(s) of killed runs in {folder} ("
-                    + ", ".join(p.name for p in stale) + "); `mlbench run` there moves them to "
-                    "runs/", highlight=False)
+                    + ", ".join(p.log.name for p in stale) + "); `mlbench run` there moves them "
+                    "to runs/", highlight=False)
     if live:
       console.print(f"note: ignoring {len(live)} log(s) of runs still in progress in {folder}",
                     highlight=False)
+
+
+def unfetched(value, local, original):
+  """`value` (a JSON-ready report) with the paths of a local copy (`storage.fetched`)
+  named as the bucket paths they were copied from."""
+  local, original = str(local), str(original).rstrip("/")
+  if local == original:
+    return value
+  if isinstance(value, dict):
+    return {k: unfetched(v, local, original) for k, v in value.items()}
+  if isinstance(value, list):
+    return [unfetched(v, local, original) for v in value]
+  if isinstance(value, str) and value.startswith(local):
+    return original + value[len(local):]
+  return value

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import statistics
-from pathlib import Path
 
 import click
 
 from mlbench.cli import output
 from mlbench.cli.scaling import scaling_config, scaling_options
 from mlbench.config import Division, RunConfig, default_cache_dir
+from mlbench.pending import STALE_AFTER_S
 
 
 @click.command("run")
@@ -23,16 +23,16 @@ from mlbench.config import Division, RunConfig, default_cache_dir
                    "(repeatable; `mlbench describe` lists the keys).")
 @click.option("--init-checkpoint", metavar="PATH", envvar="MLBENCH_INIT_CHECKPOINT",
               help="The weights the reference starts from (BERT: the MLPerf phase-1 TensorFlow "
-                   "checkpoint model.ckpt-28252; SSD: the ImageNet ResNet-34 backbone .npz). "
-                   "Closed full runs need it.")
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
-              envvar="MLBENCH_DATA_DIR",
-              help="Dataset folder; mini datasets are generated here. "
+                   "checkpoint model.ckpt-28252; SSD: the ImageNet ResNet-34 backbone .npz), a "
+                   "file or gs://... . Closed full runs need it.")
+@click.option("--data-dir", metavar="DIR", envvar="MLBENCH_DATA_DIR",
+              help="Dataset folder or bucket (gs://...); mini datasets are generated here. "
                    "[default: $MLBENCH_CACHE_DIR/data or ~/.cache/mlbench/data]")
-@click.option("--results-dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("results"), show_default=True, envvar="MLBENCH_RESULTS_DIR",
-              help="Submission folder: results/<system>/<benchmark>/result_<i>.txt and "
-                   "systems/<system>.json go in it.")
+@click.option("--results-dir", metavar="DIR", default="results", show_default=True,
+              envvar="MLBENCH_RESULTS_DIR",
+              help="Submission folder, on a disk every host shares or in a bucket (gs://...): "
+                   "results/<system>/<benchmark>/result_<i>.txt and systems/<system>.json go "
+                   "in it.")
 @click.option("--system", envvar="MLBENCH_SYSTEM",
               help="System description name. [default: derived from the machine, e.g. cpu-2core]")
 @click.option("--seed", type=int, envvar="MLBENCH_SEED",
@@ -55,14 +55,19 @@ from mlbench.config import Division, RunConfig, default_cache_dir
               envvar="MLBENCH_CHECKPOINT_EVERY", metavar="STEPS",
               help="Save a checkpoint (asynchronously, with orbax) every STEPS train steps, and "
                    "on SIGTERM/SIGINT, so an interrupted run can be resumed. 0: off.")
-@click.option("--checkpoint-dir", type=click.Path(file_okay=False, path_type=Path),
-              envvar="MLBENCH_CHECKPOINT_DIR",
-              help="Folder for checkpoints (its parent must exist). [default: each run's folder, "
+@click.option("--checkpoint-dir", metavar="DIR", envvar="MLBENCH_CHECKPOINT_DIR",
+              help="Folder for checkpoints (its parent must exist), or a bucket (gs://...) "
+                   "every host writes its shards to. [default: each run's folder, "
                    "<results-dir>/runs/<system>/<benchmark>/<run id>/checkpoints]")
-@click.option("--resume", "resume", type=click.Path(path_type=Path), metavar="PATH",
+@click.option("--resume", "resume", metavar="PATH",
               help="Continue the interrupted run whose run folder (or checkpoint folder) is "
-                   "PATH: same seed and settings, its log continued, its time counted from its "
-                   "original run_start.")
+                   "PATH, on a disk or gs://: same seed and settings, its log continued, its "
+                   "time counted from its original run_start.")
+@click.option("--stale-after", type=click.FloatRange(min=1), default=STALE_AFTER_S,
+              show_default=True, envvar="MLBENCH_STALE_AFTER", metavar="SECONDS",
+              help="A pending log of a run on another host counts as abandoned (and is moved "
+                   "to its run folder) once its heartbeat is this old; this host's, once its "
+                   "process is gone.")
 @click.option("--profile", metavar="START:COUNT", envvar="MLBENCH_PROFILE",
               help="Trace COUNT train steps from step START with jax.profiler into the run "
                    "folder (runs/<system>/<benchmark>/<run id>/tensorboard; view with "
@@ -70,11 +75,11 @@ from mlbench.config import Division, RunConfig, default_cache_dir
 @scaling_options
 @click.pass_context
 def run_cmd(ctx: click.Context, workload: str, config_name: str | None,
-            overrides: tuple[str, ...], init_checkpoint: str | None, data_dir: Path | None,
-            results_dir: Path, system: str | None, seed: int | None, runs: int,
+            overrides: tuple[str, ...], init_checkpoint: str | None, data_dir: str | None,
+            results_dir: str, system: str | None, seed: int | None, runs: int,
             ruleset: str | None, division: str, submitter: str, cpu_devices: int | None,
-            clear_caches: bool, checkpoint_every: int, checkpoint_dir: Path | None,
-            resume: Path | None, profile: str | None, **scaling) -> int:
+            clear_caches: bool, checkpoint_every: int, checkpoint_dir: str | None,
+            resume: str | None, stale_after: float, profile: str | None, **scaling) -> int:
   """Train WORKLOAD to its quality target and write MLPerf result logs.
 
   Prints one JSON line per run on stdout; progress and summaries on stderr.
@@ -88,20 +93,23 @@ def run_cmd(ctx: click.Context, workload: str, config_name: str | None,
   if system is not None:
     paths.check_name("--system", system)
   paths.check_name("--submitter", submitter)
+  data = paths.path(data_dir, "--data-dir") if data_dir else paths.path(
+      default_cache_dir() / "data")
   if data_dir is not None:  # a set `mlbench data prepare` wrote: never start on half of it
     from mlbench.datasets import check
 
-    check.require_complete(data_dir)
+    check.require_complete(data)
   from mlbench.train import runner  # Heavy: JAX, Flax, TensorFlow.
 
   if init_checkpoint:  # the config key of the workload's starting point
     overrides = (*overrides, f"{_start_key(workload)}={init_checkpoint}")
   rc = RunConfig(workload=workload, config=config_name, overrides=tuple(overrides),
-                 data_dir=data_dir or default_cache_dir() / "data", results_dir=results_dir,
+                 data_dir=data, results_dir=paths.path(results_dir, "--results-dir"),
                  system=system, seed=seed, runs=runs, ruleset=ruleset,
                  division=Division(division), submitter=submitter, cpu_devices=cpu_devices,
                  clear_caches=clear_caches, checkpoint_every=checkpoint_every,
-                 checkpoint_dir=checkpoint_dir, **scaling_config(scaling),
+                 checkpoint_dir=paths.optional(checkpoint_dir, "--checkpoint-dir"),
+                 stale_after=stale_after, **scaling_config(scaling),
                  profile=None if window is None else (window.start, window.count))
   if resume is not None:  # Before JAX starts: a clashing --resume fails at once.
     from mlbench.train import resume as resume_lib

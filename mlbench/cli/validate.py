@@ -13,7 +13,7 @@ from mlbench.cli import output
 
 
 @click.command("validate")
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path")
 @click.option("--ruleset", metavar="VERSION", envvar="MLBENCH_RULESET",
               help="Rules to check against (e.g. 4.0.0, 0.7.0, mini). [default: named in mlbench "
                    "logs, else the round the runs' dates fall in]")
@@ -28,9 +28,10 @@ from mlbench.cli import output
               help="Logs checked at once by the official checker.  [default: one per core]")
 @click.option("--tolerance-ms", type=click.FloatRange(min=0), default=1000.0, show_default=True,
               help="Steps back in time up to this many ms are warnings (clock skew), not failures.")
-def validate_cmd(path: Path, ruleset: str | None, usage: str, as_json: bool, timeout_s: float,
+def validate_cmd(path: str, ruleset: str | None, usage: str, as_json: bool, timeout_s: float,
                  jobs: int | None, tolerance_ms: float) -> int:
-  """Check PATH: a result log, a results/<system>/<benchmark> folder, or a package.
+  """Check PATH: a result log, a results/<system>/<benchmark> folder, or a package,
+  on a disk or in a bucket (gs://...).
 
   Runs the official compliance checker on every log, the package checks (result
   count, seeds, RCP, system description), and checks the official tools lack
@@ -38,16 +39,19 @@ def validate_cmd(path: Path, ruleset: str | None, usage: str, as_json: bool, tim
   systems/*.json, seed). Exit 0 when everything passes (under olympic scoring
   for packages), 1 when a rule fails, 2 for input that is not a log or package.
   """
+  from mlbench import paths, storage
   from mlbench.verify import validate
 
   console = output.console()
-  output.note_pending([path], console)
-  with _progress(console) as progress:
-    report = validate.validate(path, ruleset=ruleset, usage=usage, timeout_s=timeout_s,
-                               tolerance_ms=tolerance_ms, processes=jobs, progress=progress)
-  _print(report, console)
-  if as_json:
-    click.echo(json.dumps(report.to_json(), indent=2))
+  # The official tools read local files: a bucket's logs are read into a local copy.
+  with storage.fetched(paths.path(path, "validate"), "validate") as local:
+    output.note_pending([local], console)
+    with _progress(console) as progress:
+      report = validate.validate(local, ruleset=ruleset, usage=usage, timeout_s=timeout_s,
+                                 tolerance_ms=tolerance_ms, processes=jobs, progress=progress)
+    _print(report, console)
+    if as_json:
+      click.echo(json.dumps(output.unfetched(report.to_json(), local, path), indent=2))
   return report.exit_code
 
 

@@ -106,6 +106,33 @@ def write(path: Path, records: list[bytes]) -> None:
       writer.write(record)
 
 
-def count(path: Path) -> int:
-  """Records in one TFRecord file (reads it all)."""
+def count(path: Path | str) -> int:
+  """Records in one TFRecord file (reads it all, through tf.data's file system)."""
   return sum(1 for _ in tf().data.TFRecordDataset(str(path)))
+
+
+def first(path: Any) -> bytes | None:
+  """The first record of a TFRecord file (None if it has none).
+
+  A local file is read by tf.data, which checks the record's CRCs. A file in a
+  bucket is read through the path layer (`etils.epath`), with the client mlbench
+  writes buckets with, which checks the framing only (a little-endian uint64
+  length, its 4-byte CRC, the data, its CRC); the manifest's sizes, and with
+  `--full` its sha256 and tf.data's count of every record, check the rest.
+  """
+  from mlbench import paths
+
+  if not paths.is_remote(path):
+    got = next(iter(tf().data.TFRecordDataset(str(path)).take(1)), None)
+    return None if got is None else got.numpy()
+  with paths.path(path).open("rb") as f:
+    head = f.read(12)
+    if not head:
+      return None
+    if len(head) < 12:
+      raise ValueError(f"{path}: truncated record header")
+    length = int.from_bytes(head[:8], "little")
+    data = f.read(length)
+    if len(data) < length or len(f.read(4)) < 4:
+      raise ValueError(f"{path}: truncated record of {length} bytes")
+  return data

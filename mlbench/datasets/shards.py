@@ -12,6 +12,13 @@ Shards run in worker processes forked by a `forkserver` that has imported what t
 writer needs and run nothing (TensorFlow and the tokenizers' thread pools do not
 survive a fork of a process that has used them); one worker runs in this process. A file that
 cannot be read is listed in the shard's receipt and the job goes on.
+
+The out folder may be a bucket (`gs://...`): a worker writes its shard to a local
+temporary file, then uploads it under its final name (GCS shows an object only once
+its upload is complete, so here too a final name never holds half a file), then the
+receipt. One job per out folder: a lock file locally (`flock`), a lock object created
+with a generation precondition in a bucket, taken over only from a process of this
+host that is gone.
 """
 
 from __future__ import annotations
@@ -20,13 +27,17 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import multiprocessing
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
+from mlbench import paths, pending, storage
 from mlbench.errors import UserError
 
 MANIFEST = "mlbench-data.json"
@@ -69,34 +80,45 @@ class Summary:
   failed: list[str] = dataclasses.field(default_factory=list)
 
 
-def receipt_path(out: Path, shard: Shard) -> Path:
-  return Path(out) / RECEIPTS / f"{shard.name}.json"
+def receipt_path(out: paths.PathLike, shard: Shard) -> paths.Path:
+  return paths.path(out) / RECEIPTS / f"{shard.name}.json"
 
 
-def is_finished(out: Path, shard: Shard) -> bool:
+def finished(out: paths.PathLike, shards: Sequence[Shard]) -> set[str]:
+  """The names of the shards whose receipt and files are all in place (two listings,
+  not a look-up per file: a bucket answers each in tens of milliseconds)."""
+  out = paths.path(out)
+  names = {p.name for p in out.iterdir()} if out.is_dir() else set()
+  receipts = out / RECEIPTS
+  done = {p.name for p in receipts.iterdir()} if receipts.is_dir() else set()
+  return {s.name for s in shards
+          if f"{s.name}.json" in done and all(o in names for o in s.outputs)}
+
+
+def is_finished(out: paths.PathLike, shard: Shard) -> bool:
   """Whether a shard's receipt and all its files are in place."""
-  return receipt_path(out, shard).is_file() and all((Path(out) / o).is_file()
-                                                     for o in shard.outputs)
+  return shard.name in finished(out, [shard])
 
 
-def sha256(path: Path) -> str:
+def sha256(path: paths.PathLike) -> str:
   digest = hashlib.sha256()
-  with open(path, "rb") as f:
+  with paths.path(path).open("rb") as f:
     for block in iter(lambda: f.read(1 << 20), b""):
       digest.update(block)
   return digest.hexdigest()
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-  tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-  tmp.write_text(text)
-  os.replace(tmp, path)
+def atomic_write_text(path: paths.PathLike, text: str) -> None:
+  storage.write_atomic(path, text)
 
 
 def _run_one(work: Callable[[Any, list[Path]], Written], out: str, shard: Shard) -> dict:
-  """Writes one shard under temporary names, renames it into place, writes its receipt."""
-  out_dir = Path(out)
-  tmps = [out_dir / f".{name}.tmp-{os.getpid()}" for name in shard.outputs]
+  """Writes one shard under temporary names (local ones for a bucket), moves or uploads
+  it into place, then writes its receipt."""
+  out_dir = paths.path(out)
+  remote = paths.is_remote(out_dir)
+  staging = Path(tempfile.mkdtemp(prefix="mlbench-shard-")) if remote else Path(out_dir)
+  tmps = [staging / f".{name}.tmp-{os.getpid()}" for name in shard.outputs]
   try:
     try:
       written = work(shard.task, tmps)
@@ -105,10 +127,15 @@ def _run_one(work: Callable[[Any, list[Path]], Written], out: str, shard: Shard)
     files = {}
     for tmp, name in zip(tmps, shard.outputs):
       files[name] = {"bytes": tmp.stat().st_size, "sha256": sha256(tmp)}
-      os.replace(tmp, out_dir / name)
+      if remote:
+        storage.put(tmp, out_dir / name)
+      else:
+        os.replace(tmp, out_dir / name)
   finally:
     for tmp in tmps:
       tmp.unlink(missing_ok=True)
+    if remote:
+      shutil.rmtree(staging, ignore_errors=True)
   receipt = {"shard": shard.name, "records": written.records, "units": written.units,
              "unreadable": written.unreadable, "files": files}
   atomic_write_text(receipt_path(out_dir, shard), json.dumps(receipt, indent=1))
@@ -141,10 +168,29 @@ def run(shards: Sequence[Shard], work: Callable[[Any, list[Path]], Written], out
   modules the fork server imports once for all workers (TensorFlow, for the writers
   that need it).
   """
-  out = Path(out)
-  (out / RECEIPTS).mkdir(parents=True, exist_ok=True)
-  with _lock(out):
-    return _run_locked(shards, work, out, workers, description, unit, console, preload)
+  out = paths.path(out, "--out")
+  with paths.errors("--out", out):
+    (out / RECEIPTS).mkdir(parents=True, exist_ok=True)
+    with _bucket_lock(out) if paths.is_remote(out) else _lock(Path(out)):
+      return _run_locked(shards, work, out, workers, description, unit, console, preload)
+
+
+@contextlib.contextmanager
+def _bucket_lock(out: paths.Path) -> Iterator[None]:
+  """One job per output bucket folder: a lock object that only one job can create."""
+  lock = out / RECEIPTS / "lock.json"
+  while not storage.write_new(lock, pending.Record.mine("data-prepare").to_json()):
+    held = pending.read_record(lock)
+    gone, why = (True, "unreadable") if held is None else pending.judge(
+        held.pid, held, stale_after=math.inf)
+    if not gone:
+      raise UserError(f"another `mlbench data prepare` ({why.split(':')[0]}) is writing into "
+                      f"{out}; wait for it to finish or stop it (if it is gone, delete {lock})")
+    storage.remove(lock)
+  try:
+    yield
+  finally:
+    storage.remove(lock)
 
 
 @contextlib.contextmanager
@@ -168,7 +214,8 @@ def _run_locked(shards: Sequence[Shard], work: Callable, out: Path, workers: int
                 description: str, unit: str, console: Any, preload: Sequence[str]) -> Summary:
   import time
 
-  todo = [s for s in shards if not is_finished(out, s)]
+  done_before = finished(out, shards)
+  todo = [s for s in shards if s.name not in done_before]
   summary = Summary(skipped=len(shards) - len(todo))
   start = time.perf_counter()
   with _progress(console, unit) as bar:
@@ -235,20 +282,23 @@ def _pool(todo: Sequence[Shard], work: Callable, out: Path, workers: int,
   pool.shutdown()
 
 
-def write_manifest(out: Path, shards: Sequence[Shard]) -> int:
+def write_manifest(out: paths.PathLike, shards: Sequence[Shard]) -> int:
   """Gathers the receipts of `shards` into the manifest; returns the total record count."""
-  receipts = [json.loads(receipt_path(out, s).read_text()) for s in shards
-              if receipt_path(out, s).is_file()]
+  out = paths.path(out)
+  listed = {p.name for p in (out / RECEIPTS).iterdir()}
+  present = [receipt_path(out, s) for s in shards if f"{s.name}.json" in listed]
+  with ThreadPoolExecutor(16) as pool:  # A bucket answers reads in parallel.
+    receipts = [json.loads(text) for text in pool.map(lambda p: p.read_text(), present)]
   files = {name: info for r in receipts for name, info in r["files"].items()}
   manifest = {"complete": len(receipts) == len(shards), "planned": len(shards),
               "records": sum(r["records"] for r in receipts),
               "shards": {r["shard"]: {"records": r["records"], "files": sorted(r["files"])}
                          for r in receipts},
               "unreadable": [u for r in receipts for u in r["unreadable"]], "files": files}
-  atomic_write_text(Path(out) / MANIFEST, json.dumps(manifest, indent=1))
+  atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1))
   return manifest["records"]
 
 
-def read_manifest(out: Path) -> dict | None:
-  path = Path(out) / MANIFEST
+def read_manifest(out: paths.PathLike) -> dict | None:
+  path = paths.path(out) / MANIFEST
   return json.loads(path.read_text()) if path.is_file() else None

@@ -29,6 +29,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from mlbench import paths
 from mlbench.errors import UserError
 
 _NEW = ":::MLLOG"
@@ -48,7 +49,7 @@ class Event:
 def events(path: Path) -> list[Event]:
   """Every event of a log in either format, in file order."""
   try:
-    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    text = paths.path(path).read_bytes().decode("utf-8", errors="replace")
   except OSError as e:
     raise UserError(f"cannot read the result log {path} ({e.strerror or e})") from None
   out = []

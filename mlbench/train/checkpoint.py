@@ -14,23 +14,27 @@ on as if nothing had happened:
 
 The checkpoint folder also holds `run.json`, written once when the run
 starts: what was run (workload, config, overrides, seeds, system, ...), so
-`--resume` repeats it exactly. Every process saves its own shards; restoring
-reshards onto whatever mesh the resumed run has (a smaller pod after a failure).
+`--resume` repeats it exactly. Every process saves its own shards into the same
+folder, which may be a bucket (`gs://...`) every host writes to; orbax's
+multi-host protocol has process 0 commit the step once all have written.
+Restoring reshards onto whatever mesh the resumed run has (a smaller pod after
+a failure).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from mlbench.train.resume import FINISHED_FILE, RUN_FILE, RunRecord, find_run, write_new
+from mlbench import paths
+from mlbench.train.resume import FINISHED_FILE, RUN_FILE, RunRecord, find_run
 
-__all__ = ["FINISHED_FILE", "RUN_FILE", "RunRecord", "RunSaver", "find_run", "write_new"]
+__all__ = ["FINISHED_FILE", "RUN_FILE", "RunRecord", "RunSaver", "find_run"]
 
 ITEMS = ("state", "sums", "meta")
 
@@ -66,14 +70,14 @@ def _array_handlers() -> Any:
   return ocp.PyTreeCheckpointHandler(type_handler_registry=registry)
 
 
-def _manager(directory: Path) -> Any:
+def _manager(directory: paths.Path) -> Any:
   import orbax.checkpoint as ocp
 
   options = ocp.CheckpointManagerOptions(
       enable_async_checkpointing=True, create=True,
       preservation_policy=ocp.checkpoint_managers.LatestN(n=2))
   return ocp.CheckpointManager(
-      directory.resolve(), options=options, item_names=ITEMS,
+      paths.resolve(directory), options=options, item_names=ITEMS,
       item_handlers={"state": _array_handlers(), "sums": _array_handlers(),
                      "meta": ocp.JsonCheckpointHandler()})
 
@@ -85,12 +89,12 @@ class Checkpoints:
     directory: the run's checkpoint folder.
     every: save after every `every` steps (0: only the final checkpoint of a stop).
     clock, result: the run's clock and RunResult, read at every step.
-    log_path: the run's log on process 0 (None elsewhere).
+    log_path: the run's log on process 0, a local file (None elsewhere).
   """
 
-  def __init__(self, directory: Path, every: int, clock: Any, result: Any,
-               log_path: Path | None):
-    self.directory = Path(directory)
+  def __init__(self, directory: paths.Path, every: int, clock: Any, result: Any,
+               log_path: pathlib.Path | None):
+    self.directory = paths.path(directory)
     self._every = every
     self._clock, self._result, self._log_path = clock, result, log_path
     self._mgr = _manager(self.directory)
@@ -163,7 +167,8 @@ class Restored:
   meta: dict[str, Any]
 
 
-def restore(directory: Path, abstract_state: Any, sums_sharding: dict[str, Any]) -> Restored:
+def restore(directory: paths.Path, abstract_state: Any,
+            sums_sharding: dict[str, Any]) -> Restored:
   """The latest checkpoint in `directory`, laid out as `abstract_state` asks.
 
   `abstract_state` carries the shardings of the resumed run's mesh, which may
@@ -175,7 +180,7 @@ def restore(directory: Path, abstract_state: Any, sums_sharding: dict[str, Any])
   target = abstract_state.replace(rng=jax.ShapeDtypeStruct(
       jax.eval_shape(jax.random.key_data, rng).shape, jnp.uint32, sharding=rng.sharding))
   sums = {k: jax.ShapeDtypeStruct((), jnp.float32, sharding=s) for k, s in sums_sharding.items()}
-  mgr = _manager(Path(directory))
+  mgr = _manager(paths.path(directory))
   try:
     step = mgr.latest_step()
     got = mgr.restore(step, args=ocp.args.Composite(
@@ -216,11 +221,11 @@ def continue_clock(clock: Any, result: Any, meta: dict[str, Any]) -> None:
   result.input_wait_s = float(meta["input_wait_s"])
 
 
-def read_meta(directory: Path) -> dict[str, Any]:
+def read_meta(directory: paths.Path) -> dict[str, Any]:
   """The `meta` item of the latest checkpoint (no arrays are read)."""
   import orbax.checkpoint as ocp
 
-  mgr = _manager(Path(directory))
+  mgr = _manager(paths.path(directory))
   try:
     got = mgr.restore(mgr.latest_step(), args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
   finally:
@@ -237,8 +242,8 @@ class RunSaver:
     resuming: continue from the latest checkpoint in `directory`.
   """
 
-  def __init__(self, directory: Path, every: int, *, resuming: bool = False):
-    self.directory = Path(directory)
+  def __init__(self, directory: paths.Path, every: int, *, resuming: bool = False):
+    self.directory = paths.path(directory)
     self.every = every
     self.resuming = resuming
     self.meta = read_meta(self.directory) if resuming else None

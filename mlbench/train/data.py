@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from mlbench import paths, storage
 from mlbench.errors import UserError
 
 MASK = "mask"
@@ -233,9 +234,9 @@ def prefetch(batches: Iterable[Any], put: Callable[[Any], Any], depth: int = 2) 
     yield queue.popleft()
 
 
-def is_generated(folder: Path) -> bool:
-  """Whether `write_dataset` has completed `folder`."""
-  return (Path(folder) / MANIFEST).is_file()
+def is_generated(folder: paths.PathLike) -> bool:
+  """Whether `write_dataset` has completed `folder` (a local one or a bucket's)."""
+  return (paths.path(folder) / MANIFEST).is_file()
 
 
 def write_dataset(folder: Path, write: Callable[[Path], Mapping[str, Any]]) -> None:
@@ -246,11 +247,15 @@ def write_dataset(folder: Path, write: Callable[[Path], Mapping[str, Any]]) -> N
   folder becomes `folder` in one rename, so a reader never sees half a dataset
   and an interrupted run leaves nothing behind under the real name. Does
   nothing if `folder` is already complete. If another process finishes first,
-  its (identical) folder is kept.
+  its (identical) folder is kept. In a bucket, where nothing renames a folder,
+  the files are written locally, uploaded, and `dataset.json` comes last.
   """
-  folder = Path(folder)
   if is_generated(folder):
     return
+  if paths.is_remote(folder):
+    _upload_dataset(paths.path(folder), write)
+    return
+  folder = Path(folder)
   folder.parent.mkdir(parents=True, exist_ok=True)
   tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
   try:
@@ -262,6 +267,14 @@ def write_dataset(folder: Path, write: Callable[[Path], Mapping[str, Any]]) -> N
       raise
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _upload_dataset(folder: paths.Path, write: Callable[[Path], Mapping[str, Any]]) -> None:
+  with tempfile.TemporaryDirectory(prefix="mlbench-data-") as tmp:
+    description = write(Path(tmp))
+    for f in sorted(p for p in Path(tmp).rglob("*") if p.is_file()):
+      storage.put(f, folder.joinpath(*f.relative_to(tmp).parts))
+  storage.write_atomic(folder / MANIFEST, json.dumps(dict(description), indent=2))
 
 
 def write_tfrecords(path_pattern: str, examples: Iterable[dict[str, Any]], num_shards: int) -> list[str]:

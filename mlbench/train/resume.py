@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import uuid
-from pathlib import Path
 from typing import Any
 
+from mlbench import paths
 from mlbench.config import Division, RunConfig
 from mlbench.errors import UserError
 
@@ -47,26 +45,21 @@ class RunRecord:
     return cls(**d)
 
 
-def write_new(path: Path, text: str) -> None:
-  """Writes `path` atomically; refuses to replace an existing file."""
-  tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-  tmp.write_text(text)
-  try:
-    os.link(tmp, path)
-  finally:
-    tmp.unlink()
-
-
-def find_run(path: Path) -> tuple[RunRecord, Path]:
+def find_run(path: paths.PathLike) -> tuple[RunRecord, paths.Path]:
   """The run record and checkpoint folder behind a `--resume PATH`.
 
   PATH may be the run folder (`runs/<system>/<benchmark>/<run id>`) or its
-  checkpoint folder.
+  checkpoint folder, on a disk or in a bucket, seen from any host.
 
   Raises:
     UserError: PATH holds no run record, the run finished, or it has no checkpoint.
   """
-  path = Path(path)
+  path = paths.require_dir(path, "--resume")
+  with paths.errors("--resume", path):
+    return _find_run(path)
+
+
+def _find_run(path: paths.Path) -> tuple[RunRecord, paths.Path]:
   for folder in (path, path / "checkpoints"):
     if (folder / RUN_FILE).is_file():
       break
@@ -96,21 +89,21 @@ _FIXED = (("config", "config_name", "--config"), ("overrides", "overrides", "--s
           ("runs", "runs", "--runs"), ("checkpoint_dir", "checkpoint_dir", "--checkpoint-dir"))
 
 
-def _stored(record: RunRecord, folder: Path, field: str) -> Any:
+def _stored(record: RunRecord, folder: paths.Path, field: str) -> Any:
   return {"config": record.config, "overrides": record.overrides,
           "seed": record.seeds[record.index], "system": record.system,
           "submitter": record.submitter, "division": Division(record.division),
-          "ruleset": record.ruleset, "results_dir": Path(record.results_dir),
+          "ruleset": record.ruleset, "results_dir": paths.path(record.results_dir),
           "runs": len(record.seeds), "checkpoint_dir": folder}[field]
 
 
 def _same(field: str, given: Any, stored: Any) -> bool:
   if field in ("results_dir", "checkpoint_dir"):
-    return Path(given).resolve() in (Path(stored).resolve(), Path(stored).resolve().parent)
+    return paths.same(given, stored) or paths.same(given, paths.path(stored).parent)
   return given == stored
 
 
-def resumed_config(rc: RunConfig, path: Path, given: set[str]) -> RunConfig:
+def resumed_config(rc: RunConfig, path: paths.PathLike, given: set[str]) -> RunConfig:
   """`rc` for continuing the run at `path`: its settings from the record.
 
   Args:
@@ -132,5 +125,5 @@ def resumed_config(rc: RunConfig, path: Path, given: set[str]) -> RunConfig:
   return dataclasses.replace(
       rc, config=record.config, overrides=record.overrides, seed=record.seeds[record.index],
       system=record.system, submitter=record.submitter, division=Division(record.division),
-      ruleset=record.ruleset, results_dir=Path(record.results_dir), checkpoint_every=every,
+      ruleset=record.ruleset, results_dir=paths.path(record.results_dir), checkpoint_every=every,
       checkpoint_dir=None, resume=folder)

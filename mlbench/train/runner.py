@@ -17,11 +17,11 @@ import secrets
 import signal
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 from rich.console import Console
 
-from mlbench import compliance, config as config_lib, results
+from mlbench import compliance, config as config_lib, paths, results, storage
+from mlbench import pending as pending_lib
 from mlbench.train import checkpoint, loop, peers, runtime as runtime_lib, signals, telemetry
 from mlbench.config import RunConfig
 from mlbench.errors import Interrupted, UserError
@@ -68,32 +68,27 @@ def prepare(rc: RunConfig) -> Plan:
       rc.coordinator, rc.num_processes, rc.process_id), compile_cache=rc.compile_cache)
   plan = make_plan(rc, runtime)
   if runtime.is_leader:
-    # A link out of --results-dir, or a folder that cannot be written, fails now,
-    # before the data is prepared and before any compile.
+    # A link out of --results-dir, or a folder (or bucket) that cannot be written,
+    # fails now, before the data is prepared and before any compile.
     results.benchmark_dir(rc.results_dir, plan.system, plan.workload.benchmark)
-    results.check_writable(rc.results_dir, "--results-dir", parents=True)
+    storage.check_writable(rc.results_dir, "--results-dir", parents=True)
     if rc.checkpoint_dir is not None:
-      results.check_writable(rc.checkpoint_dir, "--checkpoint-dir")
+      storage.check_writable(rc.checkpoint_dir, "--checkpoint-dir")
     if rc.resume is not None:
-      results.check_writable(rc.resume, "the checkpoint folder of --resume")
+      storage.check_writable(rc.resume, "the checkpoint folder of --resume")
   if plan.workload.input.prepare is not None:
-    try:
+    with paths.errors("cannot write the dataset under --data-dir", rc.data_dir):
       plan.workload.input.prepare(plan.cfg, rc.data_dir)
-    except OSError as e:
-      raise UserError(f"cannot write the dataset under {rc.data_dir} ({e.strerror or e}); "
-                      "choose a writable --data-dir") from None
   # Listing the files is not reading them: a missing dataset (or starting point) fails
   # here, before anything is written, instead of after run_start.
-  check_inputs(plan)
-  if plan.workload.input.bind is not None:
-    plan = dataclasses.replace(plan, cfg=plan.workload.input.bind(plan.cfg, rc.data_dir))
+  with paths.errors("--data-dir", rc.data_dir):
+    check_inputs(plan)
+    if plan.workload.input.bind is not None:
+      plan = dataclasses.replace(plan, cfg=plan.workload.input.bind(plan.cfg, rc.data_dir))
   if not runtime.is_leader:
     return plan
-  try:
+  with paths.errors("cannot write under --results-dir", rc.results_dir):
     on_disk = results.ensure_system(rc.results_dir, plan.system_desc)
-  except OSError as e:
-    raise UserError(f"cannot write under --results-dir {rc.results_dir} ({e.strerror or e}); "
-                    "choose a writable folder") from None
   return dataclasses.replace(plan, system_desc=on_disk)
 
 
@@ -137,22 +132,14 @@ def _run_ids(n: int, process_count: int) -> list[str]:
 
 
 def _tidy(plan: Plan, console: Console) -> None:
-  """Moves the pending logs of runs that no longer run (killed) out of the result folder."""
-  folder = results.benchmark_dir(plan.rc.results_dir, plan.system, plan.workload.benchmark)
-  stale, live = results.pending_logs(folder)
-  for pending in stale:
-    twin = results.published_as(pending)
-    if twin is not None:  # Its run finished: the pending name is only a second name.
-      pending.unlink()
-      console.print(f"note: removed {pending.name}, left by a run killed while publishing "
-                    f"its log as {twin.name}", highlight=False)
-      continue
-    kept = results.shelve(pending, results.run_folder(
-        plan.rc.results_dir, plan.system, plan.workload.benchmark, results.run_id(pending)))
-    console.print(f"note: {pending.name} was left by a run that no longer runs; its log is "
-                  f"kept at {kept} and is not a result", highlight=False)
-  if live:
-    console.print(f"note: {len(live)} other run(s) still log into {folder}", highlight=False)
+  """Moves the pending logs of runs that no longer run (killed) out of the result folder;
+  leaves those of live runs, of this host or another, alone."""
+  rc, bench = plan.rc, plan.workload.benchmark
+  with paths.errors("--results-dir", rc.results_dir):
+    pending_lib.tidy(results.benchmark_dir(rc.results_dir, plan.system, bench),
+                     lambda rid: results.run_folder(rc.results_dir, plan.system, bench, rid),
+                     stale_after=rc.stale_after,
+                     say=lambda line: console.print(line, highlight=False))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,10 +150,10 @@ class Run:
   seed: int
   run_id: str
   seeds: tuple[int, ...]
-  resume: Path | None = None
+  resume: paths.Path | None = None
 
 
-def _saver(plan: Plan, run: Run) -> tuple[checkpoint.RunSaver | None, Path]:
+def _saver(plan: Plan, run: Run) -> tuple[checkpoint.RunSaver | None, paths.Path]:
   """The run's checkpointing (None when off) and its run folder."""
   rc = plan.rc
   folder = results.run_folder(rc.results_dir, plan.system, plan.workload.benchmark, run.run_id)
@@ -182,11 +169,11 @@ def _saver(plan: Plan, run: Run) -> tuple[checkpoint.RunSaver | None, Path]:
         run_id=run.run_id, workload=plan.workload.name, config=rc.config,
         overrides=tuple(rc.overrides), seeds=run.seeds, index=run.index, system=plan.system,
         submitter=rc.submitter, division=rc.division.value, ruleset=plan.rule.ruleset,
-        results_dir=str(rc.results_dir.resolve()), checkpoint_every=rc.checkpoint_every)
-    checkpoint.write_new(ckpt_dir / checkpoint.RUN_FILE, record.to_json())
+        results_dir=str(paths.resolve(rc.results_dir)), checkpoint_every=rc.checkpoint_every)
+    storage.write_new(ckpt_dir / checkpoint.RUN_FILE, record.to_json())
     if rc.checkpoint_dir is not None:  # The run folder says where its checkpoints are.
       folder.mkdir(parents=True, exist_ok=True)
-      checkpoint.write_new(folder / "checkpoints.txt", f"{ckpt_dir.resolve()}\n")
+      storage.write_new(folder / "checkpoints.txt", f"{paths.resolve(ckpt_dir)}\n")
   return checkpoint.RunSaver(ckpt_dir, rc.checkpoint_every), folder
 
 
@@ -198,11 +185,11 @@ def _refuse_if_published(plan: Plan, saver: checkpoint.RunSaver) -> None:
   prefix = saver.meta["log"].encode()
   folder = results.benchmark_dir(plan.rc.results_dir, plan.system, plan.workload.benchmark)
   for log in results.result_files(folder) if prefix else []:
-    with open(log, "rb") as f:
+    with log.open("rb") as f:
       if f.read(len(prefix)) != prefix:
         continue
-    checkpoint.write_new(saver.directory / checkpoint.FINISHED_FILE,
-                         json.dumps({"log": str(log)}) + "\n")
+    storage.write_new(saver.directory / checkpoint.FINISHED_FILE,
+                      json.dumps({"log": str(log)}) + "\n")
     raise UserError(f"--resume {saver.directory}: that run already finished ({log}); start a "
                     "new run instead")
 
@@ -217,9 +204,11 @@ def _guarded_one(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch)
   saver, folder = _saver(plan, run)
   if leader and saver is not None and saver.resuming:
     _refuse_if_published(plan, saver)
-  pending = (results.pending_log(plan.rc.results_dir, plan.system, plan.workload.benchmark,
-                                 run.run_id) if leader else None)
-  log = MLLog(pending, prefix=saver.meta["log"] if saver and saver.resuming else "")
+  pending = (pending_lib.PendingRun(results.benchmark_dir(
+      plan.rc.results_dir, plan.system, plan.workload.benchmark), run.run_id).start()
+             if leader else None)
+  log = MLLog(pending.log_path if pending else None,
+              prefix=saver.meta["log"] if saver and saver.resuming else "")
   title = (f"{plan.workload.name} run {run.index + 1}/{len(run.seeds)} (seed {run.seed})"
            + (" resumed" if run.resume else ""))
   stop = _Stop(plan, log, pending, folder, saver, console)
@@ -248,11 +237,12 @@ def _guarded_one(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch)
     result.checkpoint_saves = saver.saves
   check = None
   if leader:
-    result.log = results.publish(pending)
+    result.log = pending.publish()
     if saver is not None:
-      checkpoint.write_new(saver.directory / checkpoint.FINISHED_FILE,
-                           json.dumps({"log": str(result.log)}) + "\n")
-    check = compliance.check_log(result.log, plan.rule, config_lib.default_cache_dir())
+      storage.write_new(saver.directory / checkpoint.FINISHED_FILE,
+                        json.dumps({"log": str(result.log)}) + "\n")
+    with storage.fetched(result.log, "the run's log") as local:  # The checker reads files.
+      check = compliance.check_log(local, plan.rule, config_lib.default_cache_dir())
   return Outcome(run.index, result, check)
 
 
@@ -263,15 +253,15 @@ class _Stop:
   out of the result folder, once.
   """
 
-  def __init__(self, plan: Plan, log: MLLog, pending: Path | None, folder: Path,
-               saver: checkpoint.RunSaver | None, console: Console):
+  def __init__(self, plan: Plan, log: MLLog, pending: pending_lib.PendingRun | None,
+               folder: paths.Path, saver: checkpoint.RunSaver | None, console: Console):
     self._plan, self._log, self._pending, self._folder = plan, log, pending, folder
     self._saver, self._console = saver, console
     self._lock = threading.Lock()
-    self._kept: Path | None = None
+    self._kept: paths.Path | None = None
     self._done = False
 
-  def _close_log(self, stopped: bool) -> Path | None:
+  def _close_log(self, stopped: bool) -> paths.Path | None:
     with self._lock:
       if not self._done:
         self._done = True
@@ -279,7 +269,7 @@ class _Stop:
           self._log.run_stop(False)
         self._log.close()
         if self._pending is not None:  # Out of the result folder, where nothing may count it.
-          self._kept = results.shelve(self._pending, self._folder)
+          self._kept = self._pending.shelve(self._folder)
       return self._kept
 
   def interrupted(self, signum: int) -> str:

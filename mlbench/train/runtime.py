@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
+from mlbench import paths
 from mlbench.errors import UserError
 
 
@@ -43,7 +43,8 @@ class Runtime:
 
 @dataclasses.dataclass(frozen=True)
 class Distributed:
-  """Explicit jax.distributed settings; all None: auto-detect or run alone."""
+  """jax.distributed settings given on the command line; None: found by jax.distributed
+  on a cluster it knows (a Cloud TPU slice, GKE, SLURM, Open MPI), else one process."""
 
   coordinator: str | None = None
   num_processes: int | None = None
@@ -54,11 +55,32 @@ class Distributed:
     return any(v is not None for v in (self.coordinator, self.num_processes, self.process_id))
 
 
-def _cluster_detected() -> bool:
-  """A multi-host TPU slice or SLURM job, where jax.distributed finds its peers itself."""
-  tpu_hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
-  slurm_tasks = os.environ.get("SLURM_NTASKS", "1")
-  return "," in tpu_hosts or (slurm_tasks.isdigit() and int(slurm_tasks) > 1)
+_SLURM = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
+
+
+def _count(name: str) -> int:
+  value = os.environ.get(name, "1")
+  return int(value) if value.isdigit() else 1
+
+
+def _cluster_detected() -> str | None:
+  """A job whose processes jax.distributed sets up from its environment: "slice" (a
+  multi-host TPU slice named by GKE's TPU_WORKER_HOSTNAMES), "slurm" (a step of several
+  `srun` tasks), "mpi" (`mpirun`), "tpu-vm" (a Cloud TPU VM: GCE's metadata server names
+  the slice's hosts, if it has several); None elsewhere."""
+  import glob
+
+  tpu_hosts = (os.environ.get("TPU_PROCESS_ADDRESSES")
+               or os.environ.get("TPU_WORKER_HOSTNAMES", ""))
+  if "," in tpu_hosts:
+    return "slice"
+  if all(v in os.environ for v in _SLURM) and _count("SLURM_NTASKS") > 1:
+    return "slurm"
+  if "OMPI_MCA_orte_hnp_uri" in os.environ and _count("OMPI_COMM_WORLD_SIZE") > 1:
+    return "mpi"
+  tpu = glob.glob("/dev/accel*") or (glob.glob("/dev/vfio/[0-9]*")
+                                     and not glob.glob("/dev/nvidia[0-9]*"))
+  return "tpu-vm" if tpu else None
 
 
 def _native_stdout_to_stderr() -> None:
@@ -72,24 +94,32 @@ def _native_stdout_to_stderr() -> None:
 
 
 def _start_distributed(dist: Distributed) -> None:
+  """jax.distributed on a cluster it detects, each option given overriding what it finds;
+  with options on no such cluster, all three are needed."""
   import jax
 
-  if dist.explicit or _cluster_detected():
-    _native_stdout_to_stderr()
-  if dist.explicit:
-    if None in (dist.coordinator, dist.num_processes, dist.process_id):
-      raise UserError("a multi-host run needs --coordinator HOST:PORT, --num-processes N and "
-                      "--process-id I together")
-    if not 0 <= dist.process_id < dist.num_processes:
-      raise UserError(f"--process-id must be in 0..{dist.num_processes - 1}, "
-                      f"got {dist.process_id}")
-    # Bind the coordinator to the address given (the default binds every interface).
+  detected = _cluster_detected()
+  if not (dist.explicit or detected):
+    return
+  if not detected and None in (dist.coordinator, dist.num_processes, dist.process_id):
+    raise UserError("a multi-host run needs --coordinator HOST:PORT, --num-processes N and "
+                    "--process-id I together (found on TPU slices, SLURM and Open MPI)")
+  if None not in (dist.num_processes, dist.process_id) and not (
+      0 <= dist.process_id < dist.num_processes):
+    raise UserError(f"--process-id must be in 0..{dist.num_processes - 1}, "
+                    f"got {dist.process_id}")
+  _native_stdout_to_stderr()
+  try:
+    # A coordinator given binds to that address only (the default binds every interface).
     jax.distributed.initialize(coordinator_address=dist.coordinator,
                                num_processes=dist.num_processes, process_id=dist.process_id,
                                coordinator_bind_address=dist.coordinator,
                                initialization_timeout=120)
-  elif _cluster_detected():
-    jax.distributed.initialize()
+  except ValueError as e:  # Nothing found: on a TPU VM outside a slice, run alone.
+    if detected != "tpu-vm" or dist.explicit:
+      raise UserError(f"jax.distributed found no {detected or 'cluster'} settings ({e}); give "
+                      "--coordinator HOST:PORT, --num-processes N and --process-id I") from None
+    print(f"warning: no TPU slice found ({e}); running as one process", file=sys.stderr)
 
 
 def _accelerator_attached() -> bool:
@@ -118,7 +148,7 @@ def _pin_cpu_without_accelerator() -> None:
 
 
 def setup(*, cpu_devices: int | None = None, distributed: Distributed = Distributed(),
-          compile_cache: Path | None = None) -> Runtime:
+          compile_cache: paths.Path | None = None) -> Runtime:
   """Configures JAX for this process and returns what it sees.
 
   Args:

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from mlbench import results
+from mlbench import pending, results, storage
 from mlbench.cli import main
 from mlbench.errors import UserError
 
@@ -35,20 +35,22 @@ def test_pending_logs_tell_dead_from_live(tmp_path):
   live = tmp_path / f"pending_{os.getppid()}_{uuid.uuid4().hex[:8]}.log"
   live.write_text("running")
   (tmp_path / "pending_notes.log").write_text("not a pending log")
-  assert results.pending_logs(tmp_path) == ([stale], [live])
+  found = {p.log.name: p.abandoned for p in pending.scan(tmp_path)}
+  assert found == {stale.name: True, live.name: False}
 
 
 def test_shelve_moves_a_log_into_its_run_folder_and_never_overwrites(tmp_path):
   folder = results.benchmark_dir(tmp_path, "sys", "resnet")
   folder.mkdir(parents=True)
   first = _stale(folder, "one")
-  home = results.run_folder(tmp_path, "sys", "resnet", results.run_id(first))
-  kept = results.shelve(first, home)
-  assert kept == tmp_path / "runs" / "sys" / "resnet" / results.run_id(first) / "partial.log"
+  rid = first.stem.rsplit("_", 1)[1]
+  home = results.run_folder(tmp_path, "sys", "resnet", rid)
+  kept = pending.shelve(first, home)
+  assert kept == tmp_path / "runs" / "sys" / "resnet" / rid / "partial.log"
   assert kept.read_text() == "one" and not first.exists()
   again = folder / first.name
   again.write_text("two")
-  second = results.shelve(again, home)
+  second = pending.shelve(again, home)
   assert second.name == "partial_1.log" and kept.read_text() == "one"
   assert list(folder.iterdir()) == []
 
@@ -68,11 +70,11 @@ def test_validate_ignores_a_killed_runs_log_with_a_note(capsys, tmp_path, write_
 
 def test_check_writable_refuses_a_missing_mount_and_a_file(tmp_path):
   with pytest.raises(UserError, match=r"its parent .*missing does not exist \(a missing mount\?\)"):
-    results.check_writable(tmp_path / "missing" / "ckpt", "--checkpoint-dir")
+    storage.check_writable(tmp_path / "missing" / "ckpt", "--checkpoint-dir")
   assert not (tmp_path / "missing").exists()
   (tmp_path / "file").write_text("")
   with pytest.raises(UserError, match="cannot write to --results-dir"):
-    results.check_writable(tmp_path / "file" / "res", "--results-dir", parents=True)
+    storage.check_writable(tmp_path / "file" / "res", "--results-dir", parents=True)
 
 
 def test_check_writable_refuses_a_full_filesystem(tmp_path):
@@ -83,7 +85,7 @@ def test_check_writable_refuses_a_full_filesystem(tmp_path):
     pytest.skip("cannot mount a small tmpfs here (needs root)")
   try:
     with pytest.raises(UserError, match=r"has only 1\.0 MiB free"):
-      results.check_writable(mnt / "res", "--results-dir")
+      storage.check_writable(mnt / "res", "--results-dir")
   finally:
     subprocess.run(["umount", str(mnt)], check=True)
 
@@ -111,7 +113,7 @@ def test_after_sigkill_the_next_run_files_the_leftover_away(mlbench, tmp_path, d
                            "sys.exit(main())", *args], cwd=tmp_path, env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.time() + 300
-  while time.time() < deadline and not (folder.is_dir() and list(folder.glob("pending_*"))):
+  while time.time() < deadline and not (folder.is_dir() and list(folder.glob("pending_*.log"))):
     time.sleep(0.2)
   proc.send_signal(signal.SIGKILL)
   proc.wait()
@@ -129,7 +131,7 @@ def test_after_sigkill_the_next_run_files_the_leftover_away(mlbench, tmp_path, d
   assert line["log"] == "results/results/cpu-test/resnet/result_1.txt"
   assert (tmp_path / "results" / "systems" / "cpu-test.json").is_file()
   assert sorted(p.name for p in folder.iterdir()) == ["result_0.txt", "result_1.txt"]
-  kept = tmp_path / "results" / "runs" / "cpu-test" / "resnet" / results.run_id(leftover)
+  kept = tmp_path / "results" / "runs" / "cpu-test" / "resnet" / leftover.stem.rsplit("_", 1)[1]
   assert (kept / "partial.log").is_file()
 
 

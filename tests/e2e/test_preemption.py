@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from mlbench import results
+from workloads.resnet50 import WORKLOAD, config
 
 pytestmark = pytest.mark.slow
 
@@ -266,7 +268,8 @@ def test_a_run_killed_anywhere_resumes_to_one_complete_result(data_dir, tmp_path
   else:  # Killed before the publish: the last resume evaluates again and files it.
     out = mlbench(*resume, str(folder), "--cpu-devices", "8", cwd=tmp_path)
     assert out.returncode == 1, out.stderr[-3000:]  # Finished: one epoch is below the target.
-    assert json.loads(out.stdout.splitlines()[-1])["samples"] == 1280
+    assert json.loads(out.stdout.splitlines()[-1])["samples"] == WORKLOAD.schedule(
+        dataclasses.replace(config.mini(), train_epochs=1.0)).max_train_samples  # whole steps
   assert _only_complete_results(tmp_path, mlbench, official_check) == ["result_0.txt"]
   assert not list(_bench(tmp_path).glob("pending_*"))
   # The logs of the first three pieces of the run, killed in training, in a save and in an

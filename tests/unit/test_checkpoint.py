@@ -11,7 +11,8 @@ from mlbench.train import checkpoint, mesh as mesh_lib, sharding, steps
 from mlbench.train.clock import Clock
 from mlbench.train.goodput import measure
 from mlbench.train.loop import RunResult
-from mlbench.train.resume import RUN_FILE, RunRecord, write_new
+from mlbench.storage import write_new
+from mlbench.train.resume import RUN_FILE, RunRecord
 
 
 def _shardings(workload, cfg, tx, devices):

@@ -10,14 +10,15 @@ import jax
 import pytest
 from mlperf_logging.system_desc_checker import system_desc_checker
 
-from mlbench import results
+from mlbench import pending, results
 from mlbench.errors import UserError
 
 
 def _pending(root, text):
-  p = results.pending_log(root, "sys", "resnet")
-  p.write_text(text)
-  return p
+  run = pending.PendingRun(results.benchmark_dir(root, "sys", "resnet"),
+                           results.new_run_id()).start()
+  run.log_path.write_text(text)
+  return run
 
 
 def test_publish_takes_the_lowest_free_index_and_keeps_what_exists(tmp_path):
@@ -25,8 +26,8 @@ def test_publish_takes_the_lowest_free_index_and_keeps_what_exists(tmp_path):
   folder.mkdir(parents=True)
   (folder / "result_0.txt").write_text("old run 0")
   (folder / "result_2.txt").write_text("old run 2")
-  first = results.publish(_pending(tmp_path, "new a"))
-  second = results.publish(_pending(tmp_path, "new b"))
+  first = _pending(tmp_path, "new a").publish()
+  second = _pending(tmp_path, "new b").publish()
   assert (first.name, second.name) == ("result_1.txt", "result_3.txt")
   assert (folder / "result_0.txt").read_text() == "old run 0"
   assert (folder / "result_2.txt").read_text() == "old run 2"
@@ -38,7 +39,7 @@ def test_publish_takes_the_lowest_free_index_and_keeps_what_exists(tmp_path):
 def test_concurrent_publishes_never_share_a_name(tmp_path):
   pendings = [_pending(tmp_path, f"run {i}") for i in range(16)]
   out = []
-  threads = [threading.Thread(target=lambda p=p: out.append(results.publish(p))) for p in pendings]
+  threads = [threading.Thread(target=lambda p=p: out.append(p.publish())) for p in pendings]
   for t in threads:
     t.start()
   for t in threads:
@@ -48,12 +49,12 @@ def test_concurrent_publishes_never_share_a_name(tmp_path):
 
 
 def test_a_pending_name_left_by_a_kill_inside_publish_is_known_as_the_result(tmp_path):
-  pending = _pending(tmp_path, "finished run")
+  run = _pending(tmp_path, "finished run")
   other = _pending(tmp_path, "killed run")
-  result = results.publish(pending)
-  os.link(result, pending)  # As a SIGKILL between the link and the unlink leaves it.
-  assert results.published_as(pending) == result
-  assert results.published_as(other) is None
+  result = run.publish()
+  os.link(result, run.log_path)  # As a SIGKILL between the link and the unlink leaves it.
+  assert pending.published_as(run.log_path) == result
+  assert pending.published_as(other.log_path) is None
 
 
 @pytest.fixture

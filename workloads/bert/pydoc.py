@@ -18,6 +18,7 @@ import functools
 import platform
 from pathlib import Path
 
+from mlbench import paths
 from mlbench.train import data
 from workloads.bert import pretraining_data as ptd
 from workloads.bert.config import BertConfig, Source
@@ -94,7 +95,7 @@ def prepare(cfg: BertConfig, data_dir: Path) -> None:
   """
   if cfg.data.source is not Source.PYDOC:
     return
-  data.write_dataset(dataset_dir(cfg, Path(data_dir)), functools.partial(_write, cfg))
+  data.write_dataset(dataset_dir(cfg, paths.path(data_dir)), functools.partial(_write, cfg))
 
 
 def _write(cfg: BertConfig, folder: Path) -> dict[str, object]:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlbench import paths
 from mlbench.errors import UserError
 from mlbench.workload import Split
 from workloads.llama31_8b import indexed
@@ -31,8 +32,8 @@ PYDOC_DIR = "llama-pydoc"
 def dataset_dir(cfg: LlamaConfig, data_dir: Path) -> Path:
   """The supplied folder, or the generated one named after what shapes its content."""
   if cfg.data.source is not Source.PYDOC:
-    return Path(data_dir)
-  return Path(data_dir) / f"{PYDOC_DIR}-v{cfg.model.vocab_size}"
+    return paths.path(data_dir)
+  return paths.path(data_dir) / f"{PYDOC_DIR}-v{cfg.model.vocab_size}"
 
 
 def prefix(cfg: LlamaConfig, data_dir: Path, split: Split) -> Path:
@@ -44,7 +45,7 @@ def files(cfg: LlamaConfig, data_dir: Path, split: Split) -> list[str]:
   """The `.bin` and `.idx` files of a split's dataset."""
   p = prefix(cfg, data_dir, split)
   found = [str(p) + ext for ext in (".bin", ".idx")]
-  missing = [f for f in found if not Path(f).is_file()]
+  missing = [f for f in found if not paths.path(f).is_file()]
   if missing:
     hint = ("run without --data-dir to generate it" if cfg.data.source is Source.PYDOC else
             "point --data-dir at the reference's preprocessed C4 (llama3_1_8b_preprocessed_"
@@ -70,6 +71,9 @@ def examples(cfg: LlamaConfig, data_dir: Path, split: Split, seed: int) -> Token
   """Training samples, shuffled with `seed`, as many as the schedule's max_steps take;
   or the evaluation set."""
   files(cfg, data_dir, split)
+  if paths.is_remote(data_dir):
+    raise UserError(f"--data-dir {data_dir}: llama31_8b reads its Megatron .bin/.idx files "
+                    "through memory maps, from a local disk; copy them there first")
   try:
     dataset = indexed.IndexedDataset(prefix(cfg, data_dir, split))
   except indexed.FormatError as e:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlbench import paths
 from mlbench.train import data
 from workloads.llama31_8b import indexed
 from workloads.llama31_8b.config import LlamaConfig, Source
@@ -90,7 +91,7 @@ def prepare(cfg: LlamaConfig, data_dir: Path) -> None:
   nothing for configs that read supplied files."""
   if cfg.data.source is not Source.PYDOC:
     return
-  data.write_dataset(dataset_dir(cfg, Path(data_dir)), functools.partial(_write, cfg))
+  data.write_dataset(dataset_dir(cfg, paths.path(data_dir)), functools.partial(_write, cfg))
 
 
 def _write(cfg: LlamaConfig, folder: Path) -> dict[str, object]:

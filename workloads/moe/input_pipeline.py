@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from mlbench import paths
 from mlbench.errors import UserError
 from mlbench.workload import Split
 from workloads.moe.config import MoeLMConfig, Source
@@ -33,7 +34,7 @@ def dataset_dir(cfg: MoeLMConfig, data_dir: Path) -> Path:
 
 
 def files(cfg: MoeLMConfig, data_dir: Path, split: Split) -> list[str]:
-  folder = dataset_dir(cfg, Path(data_dir))
+  folder = dataset_dir(cfg, paths.path(data_dir))
   found = sorted(str(p) for p in folder.glob(_GLOBS[split]))
   if not found:
     hint = ("run without --data-dir to generate it" if cfg.data.source is Source.PYDOC else

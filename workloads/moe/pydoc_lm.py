@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlbench import paths
 from mlbench.train import data
 from workloads.moe.config import MoeLMConfig, Source
 from workloads.moe.input_pipeline import TOKENS, dataset_dir
@@ -95,7 +96,7 @@ def prepare(cfg: MoeLMConfig, data_dir: Path) -> None:
   """
   if cfg.data.source is not Source.PYDOC:
     return
-  data.write_dataset(dataset_dir(cfg, Path(data_dir)), functools.partial(_write, cfg))
+  data.write_dataset(dataset_dir(cfg, paths.path(data_dir)), functools.partial(_write, cfg))
 
 
 def _write(cfg: MoeLMConfig, folder: Path) -> dict[str, object]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlbench import paths
 from mlbench.train import data
 from workloads.resnet50.config import ResNetConfig, Source
 from workloads.resnet50.input_pipeline import dataset_dir
@@ -67,7 +68,7 @@ def prepare(cfg: ResNetConfig, data_dir: Path) -> None:
   """
   if cfg.data.source is not Source.DIGITS:
     return
-  data.write_dataset(dataset_dir(cfg, Path(data_dir)), functools.partial(_write, cfg))
+  data.write_dataset(dataset_dir(cfg, paths.path(data_dir)), functools.partial(_write, cfg))
 
 
 def _write(cfg: ResNetConfig, folder: Path) -> dict[str, object]:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from mlbench import paths
 from mlbench.errors import UserError
 from mlbench.workload import Split
 from workloads.resnet50.config import ResNetConfig, Source
@@ -31,7 +32,7 @@ def dataset_dir(cfg: ResNetConfig, data_dir: Path) -> Path:
 
 
 def files(cfg: ResNetConfig, data_dir: Path, split: Split) -> list[str]:
-  folder = dataset_dir(cfg, Path(data_dir))
+  folder = dataset_dir(cfg, paths.path(data_dir))
   prefix = "train" if split is Split.TRAIN else "validation"
   found = sorted(str(p) for p in folder.glob(f"{prefix}-*-of-*"))
   if not found:

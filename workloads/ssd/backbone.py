@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from mlbench import paths
 from mlbench.errors import UserError
 from workloads.ssd.config import ModelConfig
 
@@ -61,7 +62,7 @@ def read(cfg: ModelConfig, path: str, shapes: dict[str, tuple[int, ...]]) -> dic
   a `UserError` names what is missing or mis-shaped."""
   names = torchvision_names(cfg)
   try:
-    with np.load(path, allow_pickle=False) as f:
+    with paths.path(path).open("rb") as fh, np.load(fh, allow_pickle=False) as f:
       arrays = {k: f[k] for k in f.files}
   except (OSError, ValueError, zipfile.BadZipFile) as e:
     raise UserError(f"cannot read the backbone weights '{path}' ({e}); give a .npz made by "

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from mlbench import paths
 from mlbench.errors import UserError
 from mlbench.workload import Split
 from workloads.ssd.config import SSDConfig, Source
@@ -44,7 +45,7 @@ def dataset_dir(cfg: SSDConfig, data_dir: Path) -> Path:
 
 
 def files(cfg: SSDConfig, data_dir: Path, split: Split) -> list[str]:
-  folder = dataset_dir(cfg, Path(data_dir))
+  folder = dataset_dir(cfg, paths.path(data_dir))
   found = sorted({str(p) for g in GLOBS[split] for p in folder.glob(g)})
   if not found:
     hint = ("run without --data-dir to generate it" if cfg.data.source is Source.DIGITS else

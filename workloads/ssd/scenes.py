@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlbench import paths
 from mlbench.train import data
 from workloads.ssd.config import Source, SSDConfig
 from workloads.ssd.input_pipeline import dataset_dir
@@ -125,7 +126,7 @@ def prepare(cfg: SSDConfig, data_dir: Path) -> None:
   """
   if cfg.data.source is not Source.DIGITS:
     return
-  data.write_dataset(dataset_dir(cfg, Path(data_dir)), functools.partial(_write, cfg))
+  data.write_dataset(dataset_dir(cfg, paths.path(data_dir)), functools.partial(_write, cfg))
 
 
 def _write(cfg: SSDConfig, folder: Path) -> dict[str, object]:

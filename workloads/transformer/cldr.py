@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from mlbench import paths
 from mlbench.train import data
 from workloads.transformer import vocab
 from workloads.transformer.config import Source, TransformerConfig
@@ -139,7 +140,7 @@ def prepare(cfg: TransformerConfig, data_dir: Path) -> None:
   """
   if cfg.data.source is not Source.CLDR:
     return
-  data.write_dataset(dataset_dir(cfg, Path(data_dir)), functools.partial(_write, cfg))
+  data.write_dataset(dataset_dir(cfg, paths.path(data_dir)), functools.partial(_write, cfg))
 
 
 def _examples(tok, rows: list[tuple[str, str]]) -> Iterator[dict[str, np.ndarray]]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from mlbench import paths
 from mlbench.errors import UserError
 from mlbench.workload import Split
 from workloads.transformer import newstest, vocab
@@ -46,9 +47,9 @@ def dataset_dir(cfg: TransformerConfig, data_dir: Path) -> Path:
 def files(cfg: TransformerConfig, data_dir: Path, split: Split) -> list[str]:
   """Training records `*train*`; evaluation records `*dev*`, for WMT the newstest2014
   records `prepare` writes (`newstest.py`)."""
-  folder = dataset_dir(cfg, Path(data_dir))
+  folder = dataset_dir(cfg, paths.path(data_dir))
   if split is Split.EVAL and cfg.data.source is Source.WMT:
-    folder = newstest.records_dir(folder, Path(find_vocab(cfg, folder)), cfg.data.eval_examples)
+    folder = newstest.records_dir(folder, paths.path(find_vocab(cfg, folder)), cfg.data.eval_examples)
   found = sorted(str(p) for p in folder.glob(_GLOBS[split]) if p.is_file())
   if not found:
     hint = ("run without --data-dir to generate it" if cfg.data.source is Source.CLDR else
@@ -84,7 +85,7 @@ def _check_format(cfg: TransformerConfig, data_dir: Path) -> None:
 
 
 def _vocab(cfg: TransformerConfig, folder: Path) -> str | None:
-  found = (sorted(Path(folder).glob(pattern)) for pattern in _VOCAB_GLOBS)
+  found = (sorted(paths.path(folder).glob(pattern)) for pattern in _VOCAB_GLOBS)
   return cfg.data.vocab_file or next((str(f[0]) for f in found if f), None)
 
 
@@ -101,25 +102,25 @@ def prepare(cfg: TransformerConfig, data_dir: Path) -> None:
   if cfg.data.source is Source.CLDR:
     from workloads.transformer import cldr
 
-    cldr.prepare(cfg, Path(data_dir))
+    cldr.prepare(cfg, paths.path(data_dir))
     return
-  folder = Path(data_dir)
+  folder = paths.path(data_dir)
   have = [(folder / n).is_file() for n in (newstest.SOURCE, newstest.REFERENCE)]
   if all(have) and (vocabulary := _vocab(cfg, folder)):  # else `files` says what is missing
-    newstest.prepare(cfg, folder, Path(vocabulary))
+    newstest.prepare(cfg, folder, paths.path(vocabulary))
 
 
 def bind(cfg: TransformerConfig, data_dir: Path) -> TransformerConfig:
   """The config with `data.vocab_file` (the vocabulary beside the data) and, for WMT,
   `data.bleu_reference` (newstest2014.de) set where empty, once the training records are
   known to be the form it expects and the reference sentences to be all there."""
-  folder = dataset_dir(cfg, Path(data_dir))
+  folder = dataset_dir(cfg, paths.path(data_dir))
   d = dataclasses.replace(cfg.data, vocab_file=find_vocab(cfg, folder))
   if cfg.data.source is Source.WMT:
     _check_format(cfg, folder)
     d = dataclasses.replace(d, bleu_reference=d.bleu_reference or str(
         newstest.raw_files(folder, d.eval_examples)[1]))
-    if len(newstest.reference_lines(Path(d.bleu_reference))) != d.eval_examples:
+    if len(newstest.reference_lines(paths.path(d.bleu_reference))) != d.eval_examples:
       raise UserError(f"{d.bleu_reference} does not hold the {d.eval_examples:,} reference "
                       "sentences of the evaluation set, one per line")
   return dataclasses.replace(cfg, data=d)

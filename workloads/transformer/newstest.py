@@ -24,6 +24,7 @@ import hashlib
 from pathlib import Path
 
 import numpy as np
+from etils import epath
 
 from mlbench.errors import UserError
 from workloads.transformer import vocab
@@ -37,18 +38,18 @@ RECORDS = "newstest2014-dev-00000-of-00001"
 
 def source_lines(path: Path) -> list[str]:
   """The sentences to translate, as translate.py L48-52 reads them."""
-  lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").split("\n")]
+  lines = [line.strip() for line in epath.Path(path).read_text(encoding="utf-8").split("\n")]
   return lines[:-1] if lines and not lines[-1] else lines
 
 
 def reference_lines(path: Path) -> list[str]:
   """The reference translations, as compute_bleu.py L85 reads them."""
-  return Path(path).read_text(encoding="utf-8").strip().splitlines()
+  return epath.Path(path).read_text(encoding="utf-8").strip().splitlines()
 
 
 def raw_files(data_dir: Path, eval_examples: int) -> tuple[Path, Path]:
   """newstest2014.en and .de in `data_dir`, with `eval_examples` sentences each."""
-  paths = (Path(data_dir) / SOURCE, Path(data_dir) / REFERENCE)
+  paths = (epath.Path(data_dir) / SOURCE, epath.Path(data_dir) / REFERENCE)
   missing = [p.name for p in paths if not p.is_file()]
   if missing:
     raise UserError(f"no {' or '.join(missing)} in {data_dir}: the reference scores BLEU on the "
@@ -66,8 +67,8 @@ def records_dir(data_dir: Path, vocab_file: Path, eval_examples: int) -> Path:
   """Where `prepare` writes the evaluation records: named after what they are made of."""
   digest = hashlib.sha256()
   for path in (vocab_file, *raw_files(data_dir, eval_examples)):
-    digest.update(Path(path).read_bytes())
-  return Path(data_dir) / f"mlbench-newstest2014-{digest.hexdigest()[:12]}"
+    digest.update(epath.Path(path).read_bytes())
+  return epath.Path(data_dir) / f"mlbench-newstest2014-{digest.hexdigest()[:12]}"
 
 
 def prepare(cfg: TransformerConfig, data_dir: Path, vocab_file: Path) -> Path:
@@ -96,7 +97,7 @@ def references(reference: str, vocab_file: str, max_length: int) -> dict[tuple[i
   the raw sentence they were encoded from."""
   words = vocab.load(vocab_file)
   return {tuple([*words.encode(line), vocab.EOS][:max_length]): line
-          for line in reference_lines(Path(reference))}
+          for line in reference_lines(epath.Path(reference))}
 
 
 def raw_references(cfg: TransformerConfig, targets: np.ndarray) -> list[str]:

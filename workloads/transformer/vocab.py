@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from mlbench import paths
+
 PAD, EOS, UNK = 0, 1, 2
 SPECIAL = ("<pad>", "<EOS>", "<unk>")
 TOKENIZER_FILE = "tokenizer.json"
@@ -64,7 +66,7 @@ class BpeVocabulary:
   def __init__(self, path: Path):
     from tokenizers import Tokenizer
 
-    self._tok = Tokenizer.from_file(str(path))
+    self._tok = Tokenizer.from_str(paths.path(path).read_text(encoding="utf-8"))
 
   def decode(self, ids: Sequence[int]) -> str:
     return self._tok.decode(_until_eos(ids))
@@ -102,7 +104,7 @@ class SubwordVocabulary:
   """
 
   def __init__(self, path: Path):
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    lines = paths.path(path).read_text(encoding="utf-8").splitlines()
     self._subtokens = [ln.strip()[1:-1] if ln.strip()[:1] in "'\"" else ln.strip()
                        for ln in lines]
     self._ids = {t: i for i, t in enumerate(self._subtokens)}  # the last of twins, as L367-369
@@ -163,5 +165,5 @@ def load(path: str) -> Vocabulary:
   '' gives `IdVocabulary`."""
   if not path:
     return IdVocabulary()
-  p = Path(path)
+  p = paths.path(path)
   return BpeVocabulary(p) if p.suffix == ".json" else SubwordVocabulary(p)
