@@ -31,6 +31,11 @@ def _ratio(x: float | None) -> str:
   return "-" if x is None else f"{x:.2f}"
 
 
+def _constants(c: timemodel.Constants, names: tuple[str, ...]) -> str:
+  return ", ".join(f"{k} = {0.0 if abs(getattr(c, k)) < 1e-9 else getattr(c, k):.4g}"
+                   for k in names)
+
+
 def _ms(s: float | None) -> str:
   return "-" if s is None else f"{s * 1e3:,.1f}"
 
@@ -78,9 +83,11 @@ def main() -> None:
   for why in cal.left_out:
     print(f"left out: {why}")
   c = cal.tpu_constants
-  print("fitted TPU constants: " + ", ".join(
-      f"{k} = {v:.4g}" for k, v in zip(timemodel.Constants.NAMES, c.to_list()))
-        + "; eta by accelerator: " + ", ".join(f"{k} {v:.4g}" for k, v in c.eta_by))
+  print("fitted TPU constants: " + _constants(c, timemodel.Constants.FITTED) + "; set: "
+        + _constants(c, timemodel.Constants.NAMES[len(timemodel.Constants.FITTED):]))
+  s = fit.spread(cal.tpu_loo)
+  print(f"uncertainty (what check states): x/÷ {s['factor_1sigma']} typical, "
+        f"{s['worst']}x worst, leave-one-out over {s['runs']} runs")
   fitted = _table(f"Calibration set ({len(cal.tpu)} runs; fitted on all of them)", cal.tpu, c,
                   cal.tpu_loo)
   _summary("calibration, constants fitted on all", fitted)

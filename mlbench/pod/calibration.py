@@ -5,15 +5,14 @@ JAX and TF) and TPU-v4 (8, 64 and 256 chips, TF), v2.0 TPU-v4 (3,456 and 4,096
 chips). Each run's time to train (median over its successful result logs) is
 predicted from mlbench's own full config compiled for the run's per-device
 batch (`costs`), the run's slice (`collectives`), and the steps and evaluations
-its logs record (`runlog`), by the model of `timemodel`; the six constants of
-that model are the ones fitted here (least squares on log time), and each run is
-also predicted by the constants fitted on all the others (leave-one-out).
+its logs record (`runlog`), by the model of `timemodel`, whose constants `fit`
+fits on them (least squares on log time) and judges leave-one-out.
 
 Held out: Google's v0.6 TPU-v3 runs (16 to 1,024 chips, the older `:::MLL` log
 format; tests/data/mlperf-v0.6) are predicted, never fitted. GPU runs (v4.0
 NVIDIA, Dell) are predicted with the GPU constants.
 
-    python -m mlbench.pod.calibration [--fit] [--results DIR]
+    python -m mlbench.pod.fit [--write] [--results DIR]
 """
 
 from __future__ import annotations
@@ -32,6 +31,9 @@ from mlbench.pod.timemodel import StepCost
 # Logs that do not name their training set size.
 TRAIN_EXAMPLES = {"resnet": 1_281_167, "ssd": 117_266, "transformer": 566_340}
 WORKLOAD = {"resnet": "resnet50", "bert": "bert", "ssd": "ssd", "transformer": "transformer"}
+# Google's TPU runs sum gradients in bfloat16 (their BERT and UNet3D code:
+# `reduce_gradients_in_bf16`, default True), half the bytes of mlbench's float32 sum.
+GRAD_BYTES_PER_PARAM = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +164,21 @@ def _params(records: list[dict[str, Any]], workload: str) -> float:
   return _affine(by_depth, full) if full and len(by_depth) > 1 else next(iter(by_depth.values()))
 
 
+def fixed_bytes_per_param(records: dict[str, dict[str, Any]]) -> float:
+  """XLA's batch-independent HBM bytes of a train step (its bytes at batch 0, on the line
+  through two compiled batches) over the f32 parameter bytes: the median over the
+  workloads compiled at two batches (36 to 47: the weight update and the weights' reads
+  and writes, about 43 passes over the parameters)."""
+  ratios = []
+  for workload in sorted({r["workload"] for r in records.values()}):
+    try:
+      cost = device_cost(records, workload, 0.0, 1, "train")
+    except KeyError:
+      continue  # one compiled batch: no line to read the intercept from
+    ratios.append(cost["bytes"] / (4.0 * cost["params"]))
+  return statistics.median(ratios) if ratios else 0.0
+
+
 def _split(cost: dict[str, float], model: int) -> dict[str, float]:
   """A device's share of FLOPs, bytes and parameters with `model`-way model parallelism."""
   return {k: v / model for k, v in cost.items()}
@@ -224,7 +241,7 @@ def inputs(case: Case, m: Measured, records: dict[str, dict[str, Any]]) -> timem
                                         max(1, math.ceil(per_device)))
   evaluation = _split(device_cost(records, workload, eval_b, 1, "eval"), case.model)
   torus = estimate.data_torus(estimate.torus_of(acc, case.grid, case.slices), case.model)
-  grad_bytes = 4.0 * train["params"]  # float32 gradients of the chip's parameters
+  grad_bytes = GRAD_BYTES_PER_PARAM * train["params"]
   coll = collectives.all_reduce_s(grad_bytes, torus, estimate.link(acc))
   wl = registry.get(workload)
   cfg = wl.configs["full"]()
@@ -240,4 +257,4 @@ def inputs(case: Case, m: Measured, records: dict[str, dict[str, Any]]) -> timem
       model_flops_per_step=float(wl.flops_per_example(cfg)) * m.global_batch,
       input_cpu_s_per_example=timemodel.INPUT_CPU_S.get(workload, 0.0) * case.host_decode,
       host_cores_per_device=acc.host_cores_per_chip / acc.devices_per_chip,
-      accelerator=acc.name)
+      accelerator=acc.name, param_bytes_per_device=4.0 * train["params"])

@@ -15,9 +15,10 @@ at the smaller batch; the 24 and 6+6 layer figures follow linearly in the depth 
 layer adds the same program each time), a layer's figures scaling with the batch as
 the whole program's do.
 
-Regenerate (about two hours on a loaded 2-core machine; needs libtpu):
+Regenerate (hours on a loaded 2-core machine, 3 to 42 minutes a compile; needs libtpu):
 
-    python -m mlbench.pod.costs [--only resnet50,bert] [--out mlbench/pod/calibration_costs.json]
+    python -m mlbench.pod.costs [--only resnet50,bert|ssd@b32/m1] [--missing]
+        [--out mlbench/pod/calibration_costs.json]
 """
 
 from __future__ import annotations
@@ -99,6 +100,12 @@ def compile_variant(v: Variant, timeout: int) -> dict[str, Any]:
           "compile_s": round(time.monotonic() - t0, 1)}
 
 
+def wanted(v: Variant, only: set[str], have: dict[str, Any], missing: bool) -> bool:
+  """Whether to compile `v`: named in `only` (by workload or key; empty: all), and not
+  already among the records `have` where only the `missing` ones are asked for."""
+  return (not only or bool(only & {v.workload, v.key})) and not (missing and v.key in have)
+
+
 def default_path() -> Any:
   return resources.files("mlbench").joinpath("pod", "calibration_costs.json")
 
@@ -110,7 +117,9 @@ def load() -> dict[str, dict[str, Any]]:
 
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--only", default="", help="comma-separated workloads")
+  ap.add_argument("--only", default="", help="comma-separated workloads or variant keys "
+                  "(e.g. ssd@b32/m1)")
+  ap.add_argument("--missing", action="store_true", help="skip variants already cached")
   ap.add_argument("--out", type=Path, default=Path(str(default_path())))
   ap.add_argument("--timeout", type=int, default=3600)
   args = ap.parse_args()
@@ -118,7 +127,7 @@ def main() -> None:
   doc = json.loads(args.out.read_text()) if args.out.exists() else {"records": {}}
   doc["generated_by"] = "python -m mlbench.pod.costs"
   for v in VARIANTS:
-    if only and v.workload not in only:
+    if not wanted(v, only, doc["records"], args.missing):
       continue
     print(f"compiling {v.key} ...", file=sys.stderr, flush=True)
     doc["records"][v.key] = compile_variant(v, args.timeout)

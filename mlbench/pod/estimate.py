@@ -18,8 +18,8 @@ from mlbench.pod import collectives, timemodel
 from mlbench.pod.timemodel import Constants, StepCost
 
 # Used where no constants are fitted for a platform (see accelerators.yaml, time_model).
-UNFITTED = Constants(eta=0.5, hbm=1.0, kappa=0.5, step_overhead_s=1e-3, warmup_s=5.0,
-                     eval_overhead_s=1.0)
+UNFITTED = Constants(eta=0.5, hbm=1.0, fixed_flops=0.0, warmup_s=5.0, eval_overhead_s=1.0,
+                     step_overhead_s=1e-3)
 
 
 def constants(platform: str) -> tuple[Constants, dict[str, Any]]:
@@ -28,7 +28,7 @@ def constants(platform: str) -> tuple[Constants, dict[str, Any]]:
   if not raw:
     return UNFITTED, {"fitted_on": "nothing: no constants fitted for this platform"}
   return Constants.from_dict(raw), {k: v for k, v in raw.items()
-                                    if k not in Constants.NAMES}
+                                    if k not in (*Constants.NAMES, "eta_by")}
 
 
 def link(acc: accelerators.Accelerator) -> collectives.Link:
@@ -85,7 +85,7 @@ class Plan:
   train: StepCost           # per device
   eval_batch: StepCost      # per device, one eval batch
   eval_batches: int         # per evaluation
-  grad_bytes_per_device: float
+  grad_bytes_per_device: float  # the f32 parameters' bytes on a device
   model_collective_bytes: float | None  # None: unknown
   model_flops_per_step: float
   steps: float
@@ -109,7 +109,7 @@ def inputs(acc: accelerators.Accelerator, p: Plan) -> timemodel.Inputs:
       model_flops_per_step=p.model_flops_per_step,
       input_cpu_s_per_example=timemodel.INPUT_CPU_S.get(p.workload, 0.0),
       host_cores_per_device=acc.host_cores_per_chip / acc.devices_per_chip,
-      accelerator=acc.name)
+      accelerator=acc.name, param_bytes_per_device=p.grad_bytes_per_device)
 
 
 def run_step(acc: accelerators.Accelerator, plan: Any, result: Any

@@ -24,9 +24,9 @@ from mlbench import accelerators
 from mlbench.pod import calibration, costs, timemodel
 from mlbench.pod.timemodel import Constants
 
-# (lower, upper) of each constant, in Constants.NAMES order.
-BOUNDS = ((0.05, 1.0), (0.1, 3.0), (0.0, 1.0), (0.0, 0.02), (0.0, 60.0), (0.0, 20.0))
-START = (0.5, 1.0, 0.5, 1e-3, 5.0, 1.0)
+# (lower, upper) and starting points of the fitted constants, in Constants.FITTED order.
+BOUNDS = ((0.05, 1.0), (0.3, 4.0), (0.0, 5e12), (0.0, 60.0), (0.0, 20.0))
+STARTS = ((0.5, 1.0, 2e11, 1.0, 0.2), (0.3, 2.0, 1e12, 5.0, 1.0), (0.8, 0.5, 0.0, 0.0, 0.0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,48 +49,63 @@ def rows(cases: tuple[calibration.Case, ...], root: Path) -> tuple[list[Row], li
   return out, skipped
 
 
+def base_constants() -> Constants:
+  """The constants the fit starts from, with the measured (not fitted) ones set: the
+  batch-independent bytes per parameter byte from the cached compiles."""
+  return Constants(*STARTS[0], fixed_bytes_per_param=round(
+      calibration.fixed_bytes_per_param(costs.load()), 2))
+
+
 def _accelerators(rs: list[Row]) -> list[str]:
   return sorted({r.inputs.accelerator for r in rs})
 
 
-def _constants(values: Any, accs: list[str], base: Constants) -> Constants:
-  """Constants from a parameter vector: one eta per accelerator, then the others (those
-  not in the vector are `base`'s)."""
-  etas = [float(v) for v in values[:len(accs)]]
-  rest = [float(v) for v in values[len(accs):]]
-  others = dict(zip(Constants.NAMES[1:], rest or base.to_list()[1:]))
-  by = {**dict(base.eta_by), **dict(zip(accs, etas))}
-  eta = math.exp(statistics.fmean(math.log(v) for v in by.values())) if by else base.eta
-  return Constants(eta=eta, **others, eta_by=tuple(sorted(by.items())))
+def _constants(values: Any, base: Constants, accs: list[str] | None) -> Constants:
+  """Constants from a parameter vector: the efficiencies of `accs` (only those), or the
+  fitted constants; the rest are `base`'s."""
+  if accs is not None:
+    by = {**dict(base.eta_by), **{a: float(v) for a, v in zip(accs, values)}}
+    return dataclasses.replace(base, eta_by=tuple(sorted(by.items())))
+  return dataclasses.replace(base, **{k: float(v) for k, v in zip(Constants.FITTED, values)})
 
 
-def _residuals(values: Any, rs: list[Row], accs: list[str], base: Constants) -> list[float]:
-  c = _constants(values, accs, base)
+def _residuals(values: Any, rs: list[Row], base: Constants, accs: list[str] | None
+               ) -> list[float]:
+  c = _constants(values, base, accs)
   return [math.log(timemodel.predict(r.inputs, c).total_s / r.measured.run_s) for r in rs]
 
 
-def fit(rs: list[Row], start: Constants | None = None, only_eta: bool = False) -> Constants:
-  """The constants that minimise the squared log ratios over `rs`: an eta for each
-  accelerator among them and, unless `only_eta`, the others (else `start`'s)."""
+def fit(rs: list[Row], start: Constants | None = None, only_eta: bool = False,
+        starts: int = len(STARTS)) -> Constants:
+  """The constants that minimise the squared log ratios over `rs`: the fitted ones
+  (the best of `starts` starting points, `start`'s first), or with `only_eta` the
+  efficiency of each accelerator among `rs`, the others kept from `start`."""
   from scipy.optimize import least_squares
 
-  base = start or Constants(*START)
-  accs = _accelerators(rs)
-  x0 = [base.eta_for(a) for a in accs] + ([] if only_eta else base.to_list()[1:])
-  bounds = [BOUNDS[0]] * len(accs) + ([] if only_eta else list(BOUNDS[1:]))
+  base = start or base_constants()
+  accs = _accelerators(rs) if only_eta else None
+  if accs is not None:
+    x0s, bounds = [[base.eta_for(a) for a in accs]], [BOUNDS[0]] * len(accs)
+  else:
+    others = [list(x) for x in STARTS if list(x) != base.fitted()]
+    x0s, bounds = [base.fitted(), *others][:max(1, starts)], list(BOUNDS)
   lo, hi = zip(*bounds)
-  x0 = [min(max(v, lo_), hi_) for v, lo_, hi_ in zip(x0, lo, hi)]
-  best = least_squares(_residuals, x0, bounds=(lo, hi), args=(rs, accs, base), x_scale="jac")
-  return _constants(best.x, accs, base)
+  best = None
+  for x0 in x0s:
+    x0 = [min(max(v, lo_), hi_) for v, lo_, hi_ in zip(x0, lo, hi)]
+    got = least_squares(_residuals, x0, bounds=(lo, hi), args=(rs, base, accs), x_scale="jac")
+    if best is None or got.cost < best.cost:
+      best = got
+  return _constants(best.x, base, accs)
 
 
 def leave_one_out(rs: list[Row], full: Constants, only_eta: bool = False) -> list[float]:
   """Predicted / measured of each row under constants fitted without it (all of them, or
-  only the accelerators' efficiencies, the others kept from `full`)."""
+  only the accelerators' efficiencies, the others kept from `full`), each fit started
+  from `full` and from the other starting points."""
   out = []
   for i, r in enumerate(rs):
-    rest = rs[:i] + rs[i + 1:]
-    c = fit(rest, start=full, only_eta=only_eta)
+    c = fit(rs[:i] + rs[i + 1:], start=full, only_eta=only_eta)
     out.append(timemodel.predict(r.inputs, c).total_s / r.measured.run_s)
   return out
 
@@ -103,7 +118,8 @@ def spread(ratios: list[float]) -> dict[str, float]:
 
 
 def write(platform: str, c: Constants, loo: dict[str, float], n: int,
-          path: Path | None = None, note: str = "", cases: str = "CASES") -> None:
+          path: Path | None = None, note: str = "", cases: str = "CASES",
+          fitted: str = ", ".join(Constants.FITTED)) -> None:
   """Stores the constants and their provenance in accelerators.yaml (`time_model`)."""
   path = path or Path(accelerators.__file__).with_name("accelerators.yaml")
   text = path.read_text()
@@ -111,8 +127,9 @@ def write(platform: str, c: Constants, loo: dict[str, float], n: int,
   head = head.rstrip("\n") + "\n"
   doc = accelerators._document().get("time_model") or {}
   doc = {k: v for k, v in doc.items() if k != platform}
-  doc[platform] = {**{k: float(f"{v:.4g}") for k, v in zip(Constants.NAMES, c.to_list())},
+  doc[platform] = {**{k: _num(v) for k, v in zip(Constants.NAMES, c.to_list())},
                    "eta_by": {k: float(f"{v:.4g}") for k, v in c.eta_by},
+                   "fitted_constants": fitted,
                    "fitted_on": f"{n} published runs (mlbench/pod/calibration.py {cases})",
                    "fitted": datetime.date.today().isoformat(),
                    "command": "python -m mlbench.pod.fit --write",
@@ -129,6 +146,11 @@ def write(platform: str, c: Constants, loo: dict[str, float], n: int,
   tmp = path.with_suffix(".tmp")
   tmp.write_text(head + "\n".join(lines) + "\n")
   tmp.replace(path)
+
+
+def _num(v: float) -> float:
+  """Four significant digits; a constant the fit ran to its bound of 0 is written as 0."""
+  return 0.0 if abs(v) < 1e-9 else float(f"{v:.4g}")
 
 
 def _yaml(v: Any) -> str:
@@ -162,7 +184,7 @@ def calibrate(root: Path) -> Calibration:
   tpu, left = rows(tuple(c for c in calibration.CASES if not c.held_out), root)
   held, left_h = rows(tuple(c for c in calibration.CASES if c.held_out), root)
   gpu, left_g = rows(calibration.GPU_CASES, root)
-  c = fit(tpu)
+  c = fit(tpu, base_constants())
   fitted = [r for r in gpu if not r.case.not_fitted]
   g = _gpu(fit(fitted, start=c, only_eta=True)) if fitted else c
   return Calibration(tpu=tpu, tpu_constants=c, tpu_loo=leave_one_out(tpu, c), held_out=held,
@@ -179,6 +201,12 @@ def _gpu(c: Constants) -> Constants:
   return dataclasses.replace(c, eta=h100, eta_by=(("h100", h100), ("h200", h100)))
 
 
+TPU_NOTE = ("kappa and step_overhead_s are set, not fitted: the published runs fit best with "
+            "the gradient all-reduce (bf16) not overlapped and no host time per step (they "
+            "ran device loops); fixed_bytes_per_param is measured on the cached compiles "
+            "(calibration.fixed_bytes_per_param)")
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--results", type=Path, default=calibration.default_root())
@@ -190,10 +218,11 @@ def main() -> None:
   print("tpu", cal.tpu_constants, spread(cal.tpu_loo))
   print("gpu", cal.gpu_constants, spread(cal.gpu_loo) if cal.gpu_loo else "-")
   if args.write:
-    write("tpu", cal.tpu_constants, spread(cal.tpu_loo), len(cal.tpu))
+    write("tpu", cal.tpu_constants, spread(cal.tpu_loo), len(cal.tpu), note=TPU_NOTE)
     if cal.gpu:
       write("gpu", cal.gpu_constants, spread(cal.gpu_loo), len(cal.gpu), cases="GPU_CASES",
-            note="the h100 eta fitted on the H100 runs (GPU_CASES), the others the TPU fit's")
+            note="the h100 eta fitted on the H100 runs (GPU_CASES), the others the TPU fit's",
+            fitted="eta_by.h100")
 
 
 if __name__ == "__main__":

@@ -144,8 +144,10 @@ def from_log(path: Path, rule: rules.Rule, train_examples: int) -> Convergence:
   """Samples a real run trained before reaching its target, from its result log
   (`:::MLLOG` or the older `:::MLL` format)."""
   evs = [e for e in runlog.events(path)]
-  evals = [e for e in evs if e.key == rule.quality.key and e.value is not None]
   stops = [e for e in evs if e.key == "run_stop"]
+  # An asynchronous evaluation logged after run_stop scored training the run did not need.
+  evals = [e for e in evs if e.key == rule.quality.key and e.value is not None
+           and (not stops or e.time_s <= stops[-1].time_s)]
   if not evals or not stops or stops[-1].metadata.get("status") != "success":
     raise UserError(f"--from-log {path}: not a successful run (no {rule.quality.key} or no "
                     "run_stop with status success); give the log of a run that converged")

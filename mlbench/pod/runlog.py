@@ -11,6 +11,13 @@ timestamps, and some carry a `run_start` stamped before `init_stop` (the
 v0.7 TPU-v3 TF SSD log: 15 hours before); the run's time is therefore taken
 from the later of the two to `run_stop`. Block times count as sound only where
 the blocks cover nearly the whole run and the later ones agree.
+
+Runs whose evaluation is asynchronous (SSD's COCO metric on the host, BERT's and
+the Transformer's at thousands of chips) go on training while an evaluation is
+scored, and log evaluations of that speculative training after `run_stop`. What
+the timed run trained is therefore the more of: the samples of the last
+evaluation logged by `run_stop`, and the blocks completed by then; evaluations
+logged after it are not the run's.
 """
 
 from __future__ import annotations
@@ -87,8 +94,8 @@ class RunLog:
   global_batch_size: int
   success: bool
   run_s: float               # the start of the run (see module doc) to run_stop
-  samples: float             # training samples until the last evaluation
-  evals: int                 # evaluations the run made
+  samples: float             # training samples the timed run trained (see module doc)
+  evals: int                 # evaluations logged by run_stop
   eval_samples: int          # examples of one evaluation
   train_examples: int        # the training set, as logged (0: not logged)
   blocks: tuple[Block, ...]
@@ -159,14 +166,17 @@ def read(path: Path, train_examples: int | None = None) -> RunLog:
   first_epochs = [e.metadata.get("first_epoch_num") for e in evs if e.key == "block_start"]
   zero_based = bool(first_epochs) and first_epochs[0] == 0
   evals = [e for e in evs if e.key in ("eval_accuracy", "eval_bleu", "eval_mlm_accuracy")
-           and e.value is not None]
-  samples = max((_samples_of(e, benchmark, gbs, n_train, zero_based) for e in evals), default=0.0)
+           and e.value is not None and e.time_s <= run_stop.time_s]
+  blocks = _blocks(evs, benchmark, gbs, n_train, zero_based)
+  samples = max(max((_samples_of(e, benchmark, gbs, n_train, zero_based) for e in evals),
+                    default=0.0),
+                sum(b.samples for b in blocks if b.stop_s <= run_stop.time_s))
   return RunLog(
       path=Path(path), benchmark=benchmark, platform=str(_value(evs, "submission_platform") or ""),
       global_batch_size=gbs, success=(run_stop.metadata.get("status") == "success"),
       run_s=run_stop.time_s - start, samples=samples, evals=len(evals),
       eval_samples=int(_value(evs, "eval_samples", "num_eval_examples") or 0),
-      train_examples=n_train, blocks=_blocks(evs, benchmark, gbs, n_train, zero_based),
+      train_examples=n_train, blocks=blocks,
       eval_s=_eval_times(evs), old_format=not any(_NEW in ln for ln in _head(path)))
 
 
