@@ -77,13 +77,13 @@ class RunEnd:
                             markup=False)
         return None
       self._state = FILED
-      if self._pending is None:
-        return None
-      self._where = self._pending.publish()
-      if self._saver is not None:
+      if self._pending is not None:
+        self._where = self._pending.publish()
+      if self._saver is not None and self._where is not None:
         storage.write_new(self._saver.directory / FINISHED_FILE,
                           json.dumps({"log": str(self._where)}) + "\n")
-      return self._where
+    self.release()  # Filed: nothing may continue the run folder now.
+    return self._where
 
   def release(self) -> None:
     """Lets the run folder go (idempotent)."""
