@@ -15,9 +15,11 @@ The device count may differ (a checkpoint reshards onto another mesh), and with 
 the mesh's `data` axis; its other axes may not. Once JAX runs, the runner checks
 the process count and the resolved config (`plan_differences`).
 
-`--results-dir` with `--resume` names where the run's results folder is now: it is
-honoured when it holds the run's folder (`runs/<system>/<benchmark>/<run id>`, so
-a results folder moved or mounted elsewhere), refused otherwise.
+`--results-dir` with `--resume` names where the run's results go now: honoured when
+the run's checkpoints are in its folder there (`runs/<system>/<benchmark>/<run id>`:
+a results folder moved or mounted elsewhere) or kept elsewhere (`--checkpoint-dir`),
+refused when the run's folder is in another results dir. Without it, a run whose
+folder moved with its results dir is refused with where to point it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from mlbench import paths, results
+from mlbench import paths
 from mlbench.config import Division, InputMode, RunConfig
 from mlbench.errors import UserError
 from mlbench.train.runrecord import RunRecord, digest, find_run, text, versions
@@ -156,26 +158,30 @@ def refusal(path: paths.PathLike, problems: list[str]) -> str:
           + "\n  ".join(problems))
 
 
-def _results_dir(rc: RunConfig, record: RunRecord, given: set[str]) -> tuple[paths.Path,
-                                                                                 str | None]:
+def _home(record: RunRecord, folder: paths.Path) -> paths.Path | None:
+  """The results dir whose run folder holds the checkpoint folder `folder` (the default,
+  `<results>/runs/<system>/<benchmark>/<run id>/checkpoints`), wherever it is now; None for
+  checkpoints kept elsewhere (--checkpoint-dir)."""
+  parts = paths.path(folder).parts
+  if parts[-5:] != ("runs", record.system, record.benchmark, record.run_id, "checkpoints"):
+    return None
+  return paths.path(folder).parents[4]
+
+
+def _results_dir(rc: RunConfig, record: RunRecord, folder: paths.Path,
+                 given: set[str]) -> tuple[paths.Path, str | None]:
   """Where the resumed run files its result (see the module docstring), or why not."""
-  def holds(root: paths.PathLike) -> bool:
-    try:
-      return results.run_folder(root, record.system, record.benchmark, record.run_id).is_dir()
-    except UserError:
-      return False
-  stored = paths.path(record.results_dir)
-  if "results_dir" not in given or paths.same(rc.results_dir, stored):
-    if holds(stored):
-      return stored, None
-    return stored, (f"the run's results dir {stored} no longer holds it (runs/{record.system}/"
-                    f"{record.benchmark}/{record.run_id}); give --results-dir DIR where it "
-                    "is now")
-  if holds(rc.results_dir):
-    return rc.results_dir, None
-  return stored, (f"--results-dir {rc.results_dir} does not hold the run (runs/{record.system}"
-                  f"/{record.benchmark}/{record.run_id}); it files into {stored}: leave "
-                  "--results-dir out, or give the folder the results moved to")
+  stored, home = paths.path(record.results_dir), _home(record, folder)
+  where = f"runs/{record.system}/{record.benchmark}/{record.run_id}"
+  if "results_dir" in given and not paths.same(rc.results_dir, stored):
+    if home is None or paths.same(rc.results_dir, home):
+      return rc.results_dir, None
+    return stored, (f"--results-dir {rc.results_dir}: the run's folder ({where}) is in {home}; "
+                    f"give --results-dir {home}, where the results moved, or leave it out")
+  if home is None or paths.same(home, stored):
+    return stored, None
+  return stored, (f"the run's folder ({where}) is in {home} now, not in its results dir "
+                  f"{stored}; give --results-dir {home}, where the results moved")
 
 
 def resumed_config(rc: RunConfig, path: paths.PathLike, given: set[str]) -> RunConfig:
@@ -195,7 +201,7 @@ def resumed_config(rc: RunConfig, path: paths.PathLike, given: set[str]) -> RunC
   if rc.workload != record.workload:
     raise UserError(f"--resume {path} is a {record.workload} run, not {rc.workload}; run "
                     f"`mlbench run {record.workload} --resume {path}`")
-  results_dir, problem = _results_dir(rc, record, given)
+  results_dir, problem = _results_dir(rc, record, folder, given)
   problems = [*_option_differences(rc, record, folder, given),
               *_environment_differences(record), *([problem] if problem else [])]
   if problems:

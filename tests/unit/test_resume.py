@@ -128,11 +128,11 @@ def test_what_may_differ(tmp_path):
   assert resume.fit_mesh((("data", 4), ("model", 2)), 3) == (("data", 4), ("model", 2))
 
 
-def test_a_results_dir_given_is_honoured_where_it_holds_the_run_and_refused_elsewhere(
-    capsys, tmp_path):
+def test_a_results_dir_given_is_honoured_where_the_run_is_and_refused_elsewhere(capsys,
+                                                                               tmp_path):
   moved = tmp_path / "moved"
-  folder = _run(moved)  # Recorded under moved/results, which now holds it...
-  rc = RunConfig(workload="resnet50", results_dir=tmp_path / "moved" / "results")
+  folder = _run(moved)  # Recorded under moved/results, which holds it...
+  rc = RunConfig(workload="resnet50", results_dir=moved / "results")
   got = resume.resumed_config(rc, folder, {"results_dir"})
   assert str(got.results_dir) == str(moved / "results")
   os.rename(moved / "results", tmp_path / "now")  # ...until the folder moves.
@@ -141,11 +141,26 @@ def test_a_results_dir_given_is_honoured_where_it_holds_the_run_and_refused_else
                               {"results_dir"})
   assert str(got.results_dir) == str(tmp_path / "now")
   assert _refused(capsys, now) == [
-      f"the run's results dir {moved}/results no longer holds it (runs/cpu-test/resnet/{RID}); "
-      "give --results-dir DIR where it is now"]
+      f"the run's folder (runs/cpu-test/resnet/{RID}) is in {tmp_path}/now now, not in its "
+      f"results dir {moved}/results; give --results-dir {tmp_path}/now, where the results moved"]
   assert _refused(capsys, now, "--results-dir", str(tmp_path)) == [
-      f"--results-dir {tmp_path} does not hold the run (runs/cpu-test/resnet/{RID}); it files "
-      f"into {moved}/results: leave --results-dir out, or give the folder the results moved to"]
+      f"--results-dir {tmp_path}: the run's folder (runs/cpu-test/resnet/{RID}) is in "
+      f"{tmp_path}/now; give --results-dir {tmp_path}/now, where the results moved, or leave "
+      "it out"]
+
+
+def test_a_run_checkpointed_elsewhere_files_where_it_is_told(tmp_path):
+  """Checkpoints in a bucket every host reaches, results on the disk of the host that
+  resumes: --results-dir is honoured, and without it the run files where it started."""
+  ckpt = tmp_path / "bucket" / RID
+  ckpt.mkdir(parents=True)
+  (ckpt / "5").mkdir()
+  storage.write_new(ckpt / RUN_FILE, RunRecord(**_base(tmp_path)).to_json())
+  (tmp_path / "data").mkdir()
+  rc = RunConfig(workload="resnet50", results_dir=tmp_path / "here")
+  assert str(resume.resumed_config(rc, ckpt, {"results_dir"}).results_dir) == str(
+      tmp_path / "here")
+  assert str(resume.resumed_config(rc, ckpt, set()).results_dir) == str(tmp_path / "results")
 
 
 def test_several_differences_are_one_line_each(capsys, tmp_path):
@@ -236,15 +251,17 @@ def test_a_live_run_holds_its_folder_against_resumes_from_here_and_other_hosts(c
 _TAKER = """
 import sys, time
 from pathlib import Path
+from mlbench import errors
 from mlbench.train.lease import Lease
 go = Path(sys.argv[2])
+Path(sys.argv[3]).touch()
 while not go.exists():
   time.sleep(0.001)
 try:
   Lease.take(sys.argv[1], "abcd1234", stale_after=1800, what="--resume")
   print("took", flush=True)
-  time.sleep(3)
-except UserError as e:
+  time.sleep(1)  # alive while the others judge its lease
+except errors.UserError as e:
   print("refused", e, flush=True)
 """
 
@@ -253,9 +270,13 @@ def test_of_resumes_started_at_once_exactly_one_takes_the_folder(tmp_path):
   folder = _run(tmp_path) / "checkpoints"
   _lease_of(folder, 0, dataclasses.replace(pending.Record.mine(RID), pid=_dead_pid()))
   go = tmp_path / "go"
-  procs = [subprocess.Popen([sys.executable, "-c", _TAKER, str(folder), str(go)],
-                            stdout=subprocess.PIPE, text=True) for _ in range(4)]
-  time.sleep(1.5)  # Every taker imported and waiting.
+  procs = [subprocess.Popen([sys.executable, "-c", _TAKER, str(folder), str(go),
+                             str(tmp_path / f"ready{i}")], stdout=subprocess.PIPE, text=True)
+           for i in range(4)]
+  deadline = time.time() + 60
+  while len(list(tmp_path.glob("ready*"))) < 4:  # every taker imported and waiting
+    assert time.time() < deadline
+    time.sleep(0.01)
   go.touch()
   outs = [p.communicate(timeout=60)[0] for p in procs]
   assert sorted(o.split()[0] for o in outs) == ["refused"] * 3 + ["took"], outs
