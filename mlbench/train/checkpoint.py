@@ -26,6 +26,7 @@ a stop by signal allows the final save twice the longest (`signals.allow_for_sav
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import pathlib
@@ -113,7 +114,8 @@ class Checkpoints:
     self._last: _Snapshot | None = None
     self.saves: list[tuple[int, float]] = []  # (step, seconds the loop waited)
     self.durations: list[float] = []  # seconds from each save's start to its commit
-    self._started, self._estimated = 0.0, False
+    self._started: collections.deque[float] = collections.deque()  # of the saves not committed
+    self._estimated = False
 
   def after_step(self, step: int, state: Any, sums: Any) -> None:
     """Remembers the run after `step`; saves if `step` is a multiple of `every`."""
@@ -164,20 +166,26 @@ class Checkpoints:
   def _save(self, snap: _Snapshot) -> None:
     import orbax.checkpoint as ocp
 
-    t0 = self._started = time.perf_counter()
+    t0 = time.perf_counter()
+    self._started.append(t0)
     # The step loop forbids implicit transfers; saving is an intended one.
     with jax.transfer_guard("allow"):
       state = snap.state.replace(rng=jax.random.key_data(snap.state.rng))
-      self._mgr.save(snap.step, force=True, args=ocp.args.Composite(
-          state=ocp.args.PyTreeSave(state), sums=ocp.args.PyTreeSave(snap.sums),
-          meta=ocp.args.JsonSave(self._meta(snap))))
+      try:
+        self._mgr.save(snap.step, force=True, args=ocp.args.Composite(
+            state=ocp.args.PyTreeSave(state), sums=ocp.args.PyTreeSave(snap.sums),
+            meta=ocp.args.JsonSave(self._meta(snap))))
+      except BaseException:
+        self._started.pop()  # No commit will come for it.
+        raise
     waited = time.perf_counter() - t0
     self._clock.add("checkpoint", waited)
     self.saves.append((snap.step, waited))
 
   def _saved(self) -> None:
-    """orbax committed the save in flight (one at a time): how long it took in all."""
-    self.durations.append(time.perf_counter() - self._started)
+    """orbax committed a save (in the order they started; the next save's call waits for
+    it): how long it took in all."""
+    self.durations.append(time.perf_counter() - self._started.popleft())
     signals.allow_for_saves(max(self.durations), "longest checkpoint save of this run")
 
 

@@ -174,7 +174,10 @@ def _saver(plan: Plan, run: Run,
   on the checkpoint folder (held until the run ends)."""
   rc = plan.rc
   folder = results.run_folder(rc.results_dir, plan.system, plan.workload.benchmark, run.run_id)
-  say = lambda line: console.print(line, style="yellow", highlight=False, markup=False)  # noqa: E731
+
+  def say(line: str) -> None:
+    console.print(line, style="yellow", highlight=False, markup=False)
+
   if run.resume is not None:
     lease = _own(plan, run.resume, run.run_id, f"--resume {run.resume}", console)
     try:

@@ -75,8 +75,9 @@ def test_a_run_that_ended_is_filed_before_anything_waits(tmp_path, capfd):
   # A signal now, and the watchdog ending the process: the result stays as filed.
   end.cut_short(signal.SIGTERM)
   err = capfd.readouterr().err
-  assert err.startswith("interrupted by SIGTERM (no safe point reached in 8 s): the run had "
-                        f"finished and its log is filed ({result})"), err
+  # (The grace it names depends on the saves this process measured before.)
+  assert err.startswith("interrupted by SIGTERM (no safe point reached in "), err
+  assert f"): the run had finished and its log is filed ({result})" in err, err
   assert [p.name for p in bench.iterdir()] == ["result_0.txt"]
   assert not list(folder.glob("partial*.log")) and not list(ckpt.glob("lease-*"))
 
