@@ -5,8 +5,10 @@ One file per ruleset and benchmark (`rules/training_4.0.0/resnet.yaml`,
 `extends:` another and override parts of it (the mini rules change only the
 target). A benchmark of mlbench's own (`moe`) names the official benchmark its
 rules are modelled on (`checker: {benchmark: gpt_oss_20b}`), whose checker
-rules mlbench derives its logs' checker rules from. Nothing here is code in
-disguise: constraints are named operators.
+rules mlbench derives its logs' checker rules from; benchmarks MLPerf never had
+(`efficientnet`, `vit`) have their papers' rules in the ruleset `rules/mlbench/`,
+marked `official: false`. Nothing here is code in disguise: constraints are named
+operators.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import functools
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -177,10 +180,12 @@ class Rule:
   # "converged": train_samples is the samples trained to the target, logged at the
   # end (BERT); "dataset": the training set's size, logged with the hyperparameters.
   train_samples: str = "dataset"
+  marked_official: bool = True  # False: no MLPerf round published these (`official: false`)
 
   @property
   def official(self) -> bool:
-    return self.ruleset != MINI
+    """An MLPerf round's rules, which the official tools know (not mini, not mlbench's own)."""
+    return self.ruleset != MINI and self.marked_official
 
   @property
   def modelled(self) -> bool:
@@ -224,22 +229,25 @@ def rules_dir() -> Path:
   return packed if packed.is_dir() else here.parent / "rules"
 
 
+def _is_round(ruleset: str) -> bool:  # '4.0.0', not a name (mini, mlbench)
+  return re.fullmatch(r"\d+(\.\d+)*", ruleset) is not None
+
+
 def _folder(ruleset: str) -> str:
-  return ruleset if ruleset == MINI else f"training_{ruleset}"
+  return f"training_{ruleset}" if _is_round(ruleset) else ruleset
 
 
 def rulesets(benchmark: str, only: Sequence[str] = ()) -> list[str]:
-  """Rulesets that have rules for `benchmark`, official ones newest first, then mini.
-
-  `only` (a workload's `rulesets`) keeps just those official rulesets, and mini.
-  """
+  """Rulesets that have rules for `benchmark`: MLPerf rounds newest first (only those in
+  `only`, a workload's `rulesets`, if given), then named ones (`mlbench`), then mini."""
   found = []
   for d in rules_dir().iterdir():
     if (d / f"{benchmark}.yaml").is_file():
       found.append(d.name.removeprefix("training_"))
-  official = sorted((r for r in found if r != MINI and (not only or r in only)),
-                    key=lambda r: tuple(int(p) for p in r.split(".")), reverse=True)
-  return official + ([MINI] if MINI in found else [])
+  rounds = sorted((r for r in found if _is_round(r) and (not only or r in only)),
+                  key=lambda r: tuple(int(p) for p in r.split(".")), reverse=True)
+  named = sorted(r for r in found if not _is_round(r) and r != MINI)
+  return rounds + named + ([MINI] if MINI in found else [])
 
 
 def default_ruleset(benchmark: str, config_name: str, only: Sequence[str] = ()) -> str:
@@ -335,4 +343,5 @@ def _build(doc: dict[str, Any], path: Path) -> Rule:
                             for h in doc["hyperparameters"]),
       source=path,
       train_samples=doc.get("train_samples", "dataset"),
+      marked_official=bool(doc.get("official", True)),
   )

@@ -15,6 +15,7 @@ excludes them from both. `mlperf_lamb` reproduces the reference.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -45,6 +46,37 @@ def poly_warmup_schedule(base_lr: float, *, warmup_steps: float, train_steps: in
     return jnp.where(t <= warmup_steps, warm, poly)
 
   return schedule
+
+
+LR_SCALING = ("none", "linear", "legw")
+"""How a learning rate tuned at one batch size moves to another (`scale_for_batch`)."""
+
+
+def scale_for_batch(rule: str, base_lr: float, base_warmup_epochs: float, *,
+                    base_batch_size: int, global_batch_size: int) -> tuple[float, float]:
+  """(peak learning rate, warmup epochs) at `global_batch_size` from values tuned at
+  `base_batch_size`, with k = global_batch_size / base_batch_size:
+
+  none:   (base_lr, w0)
+  linear: (base_lr * k, w0)          Goyal et al. 2017, the linear scaling rule
+  legw:   (base_lr * sqrt(k), w0 * k)
+      LEGW, You et al. 2019 ("Large-Batch Training for LSTM and Beyond", SC'19,
+      arXiv:1901.08256): Sqrt Scaling of the learning rate with Linear-Epoch Gradual
+      Warmup: when the batch grows k times, the warmup lasts k times as many epochs
+      (the same number of steps) and the peak learning rate grows sqrt(k) times; the
+      decay after the warmup is the schedule's own.
+  """
+  if rule not in LR_SCALING:
+    from mlbench.errors import UserError, choices
+
+    raise UserError(f"unknown learning-rate scaling '{rule}'; choose one of: "
+                    f"{choices(LR_SCALING)}")
+  k = global_batch_size / base_batch_size
+  if rule == "linear":
+    return base_lr * k, base_warmup_epochs
+  if rule == "legw":
+    return base_lr * math.sqrt(k), base_warmup_epochs * k
+  return base_lr, base_warmup_epochs
 
 
 class _TrustState(NamedTuple):

@@ -49,10 +49,10 @@ def _expected_runs(bench: BenchmarkDir, ruleset: str) -> int | None:
 
 
 def _allowed(bench: BenchmarkDir, ruleset: str, usage: str) -> list[Finding]:
-  if ruleset == rules_lib.MINI:
-    known = rules_lib.rulesets(bench.benchmark)
-    ok = rules_lib.MINI in known
-    allowed = "the benchmarks in rules/mini"
+  rule = rules_lib.find(bench.benchmark, ruleset)
+  if ruleset == rules_lib.MINI or (rule is not None and not rule.official):
+    ok = rule is not None  # mini, or mlbench's own rules of a benchmark MLPerf never had
+    allowed = f"the benchmarks in rules/{ruleset}"
   else:
     from mlperf_logging.benchmark_meta import get_allowed_benchmarks
 
@@ -103,9 +103,10 @@ def findings(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str
       why = seeds.error or "; ".join(m.split(" - ", 1)[-1] for m in seeds.messages
                                      if m.startswith("ERROR"))
       out.append(Finding("seeds", Severity.FAIL, f"seed checker failed: {why}"))
-  if ruleset == rules_lib.MINI:
-    out.append(Finding("rcp", Severity.INFO, "not checked: the mini rules have no reference "
-                       "convergence points"))
+  rule = rules_lib.find(bench.benchmark, ruleset)
+  if rule is not None and not rule.official:
+    out.append(Finding("rcp", Severity.INFO, f"not checked: the {ruleset} rules have no "
+                       "reference convergence points"))
   elif bench.benchmark != "minigo":
     out += _rcp(bench, usage, tool_rs, "rcp-bypass" in params, tools)
   return out

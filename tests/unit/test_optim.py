@@ -217,3 +217,45 @@ def test_torch_sgd_puts_the_learning_rate_outside_the_momentum_buffer():
     updates, state = tx.update(jnp.asarray(g), state, v)
     v = optax.apply_updates(v, updates)
   assert np.abs(np.asarray(v) - want).max() > 1e-3
+
+
+def reference_legw_lr(step, *, lr0, warmup_epochs0, batch0, batch, examples, epochs, power=2.0):
+  """LEGW as You et al. 2019 (arXiv:1901.08256) state it, for batch = k * batch0: the
+  learning rate tuned at batch0 grows sqrt(k) times (Sqrt Scaling) and its gradual
+  (linear) warmup lasts k times as many epochs; a polynomial decay to 0 follows over
+  the remaining updates (the schedule's own)."""
+  k = batch / batch0
+  peak, warmup = lr0 * np.sqrt(k), warmup_epochs0 * k * (examples // batch)
+  if step <= warmup:
+    return peak * step / warmup
+  decay = epochs * (examples // batch) - warmup + 1
+  return peak * (1 - min(step - warmup, decay) / decay) ** power
+
+
+@pytest.mark.parametrize("batch", [512, 4096, 16384])
+def test_legw_matches_the_papers_rule_at_every_step(batch):
+  examples, epochs, batch0 = 100_000, 6, 256
+  lr, warmup_epochs = optim.scale_for_batch("legw", 0.2, 0.05, base_batch_size=batch0,
+                                            global_batch_size=batch)
+  per_epoch = examples // batch
+  sched = optim.poly_warmup_schedule(lr, warmup_steps=warmup_epochs * per_epoch,
+                                     train_steps=epochs * per_epoch, end_lr=0.0)
+  steps = np.arange(epochs * per_epoch + 2)
+  ours = np.asarray(jax.vmap(sched)(jnp.asarray(steps)))
+  ref = np.array([reference_legw_lr(s, lr0=0.2, warmup_epochs0=0.05, batch0=batch0,
+                                    batch=batch, examples=examples, epochs=epochs)
+                  for s in steps])
+  np.testing.assert_allclose(ours, ref, rtol=2e-5, atol=1e-7)
+  # The paper's two claims: the peak grows with sqrt(k), the warmup in epochs with k.
+  assert lr == pytest.approx(0.2 * np.sqrt(batch / batch0))
+  assert warmup_epochs == pytest.approx(0.05 * batch / batch0)
+
+
+def test_linear_and_no_scaling_and_an_unknown_rule():
+  kw = dict(base_batch_size=256, global_batch_size=65536)
+  assert optim.scale_for_batch("linear", 0.016, 5.0, **kw) == (0.016 * 256, 5.0)
+  assert optim.scale_for_batch("none", 0.016, 5.0, **kw) == (0.016, 5.0)
+  from mlbench.errors import UserError
+
+  with pytest.raises(UserError, match="legw, linear, none"):
+    optim.scale_for_batch("sqrt", 0.016, 5.0, **kw)

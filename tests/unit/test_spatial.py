@@ -4,7 +4,8 @@ The mini ResNet (two of its four stages, batch 16, to compile in seconds) throug
 harness's compiled step with 2 data-parallel replicas and each image on 1, 2 and 4
 devices: the same losses and batch-norm statistics (the statistics combine the spatial
 group's rows), halo exchanges in the program, and less activation memory per device as
-the axis grows.
+the axis grows. The mini EfficientNet (depthwise convolutions, squeeze-excite pooling
+over the whole image) likewise on 1 and 2 devices per image.
 """
 
 from __future__ import annotations
@@ -20,15 +21,14 @@ from mlbench.workload import Split, StepContext
 SPATIAL = (1, 2, 4)
 
 
-@pytest.fixture(scope="module")
-def resnet():
-  w = registry.get("resnet50")
-  cfg = config_lib.override(w.configs["mini"](), ["model.stage_sizes=1,1",
-                                                  "global_batch_size=16", "eval_batch_size=16"])
+def _train(name: str, overrides: list[str], spatial: tuple[int, ...]) -> dict:
+  """{m: (programs, losses of 3 steps, model state)} with each image on m devices."""
+  w = registry.get(name)
+  cfg = config_lib.override(w.configs["mini"](), overrides)
   sched = w.schedule(cfg)
   batch = w.synthetic_batch(cfg, Split.TRAIN, sched.global_batch_size, np.random.default_rng(0))
   out = {}
-  for m in SPATIAL:
+  for m in spatial:
     mesh = mesh_lib.make_mesh({"data": 2, "spatial": m}, devices=jax.devices()[:2 * m])
     programs = steps.compile_programs(w, cfg, sched, mesh, StepContext(mesh=mesh),
                                       w.optimizer(cfg, sched))
@@ -39,6 +39,12 @@ def resnet():
       losses.append(float(jax.device_get(sums)["loss"]))
     out[m] = programs, np.array(losses), jax.device_get(state.model_state)
   return out
+
+
+@pytest.fixture(scope="module")
+def resnet():
+  return _train("resnet50", ["model.stage_sizes=1,1", "global_batch_size=16",
+                             "eval_batch_size=16"], SPATIAL)
 
 
 def test_split_images_train_like_whole_ones(resnet):
@@ -59,3 +65,10 @@ def test_halo_exchanges_and_activation_memory_per_device(resnet):
     assert (permutes > 0) == (m > 1), (m, permutes)
     temps.append(programs.train.memory_analysis().temp_size_in_bytes)
   assert temps[0] > temps[1] > temps[2], temps
+
+
+@pytest.mark.slow  # EfficientNet's depthwise step compiles for a minute on 2 cores
+def test_efficientnet_splits_its_images_too():
+  out = _train("efficientnet", ["global_batch_size=16", "eval_batch_size=16"], (1, 2))
+  np.testing.assert_allclose(out[2][1], out[1][1], rtol=1e-5)
+  assert "collective-permute" in out[2][0].train.as_text()

@@ -90,7 +90,7 @@ def test_remat_full_recomputes_each_layer_and_changes_no_number(name):
 
   from mlbench import config as config_lib
   from mlbench import registry
-  from mlbench.workload import Split
+  from mlbench.workload import Split, StepContext
 
   workload = registry.get(name)
   cfg = workload.configs["mini"]()
@@ -103,7 +103,7 @@ def test_remat_full_recomputes_each_layer_and_changes_no_number(name):
 
   def grad(c):
     return jax.value_and_grad(
-        lambda p: workload.loss(c, None, p, state, batch, jax.random.key(3))[0])
+        lambda p: workload.loss(c, StepContext(mesh=None), p, state, batch, jax.random.key(3))[0])
 
   remats = lambda c: str(jax.make_jaxpr(grad(c))(params)).count("remat")
   assert remats(remat) >= remats(cfg) + 2  # (the Transformer's loss remats its own part)

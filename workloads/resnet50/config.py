@@ -17,6 +17,13 @@ class Stem(enum.Enum):
   SMALL = "small"        # 3x3/1 convolution, no pool, for tiny images.
 
 
+class Block(enum.Enum):
+  """The residual block of the last stage."""
+
+  BOTTLENECK = "bottleneck"                          # ResNet-50
+  BOTTLENECK_TRANSFORMER = "bottleneck_transformer"  # BoT50: MHSA for the 3x3 (bot.py)
+
+
 class Optimizer(enum.Enum):
   LARS = "lars"
   SGD = "sgd"
@@ -45,6 +52,8 @@ class ModelConfig:
   bn_momentum: float = 0.9
   bn_epsilon: float = 1e-5
   zero_init_last_bn: bool = False  # True: last BN scale of a block starts at 0 (not reference)
+  block: Block = Block.BOTTLENECK  # of the last stage
+  attention_heads: int = 4         # of its MHSA, with block=bottleneck_transformer
   dtype: DType = DType.FLOAT32    # activations and convolutions; parameters stay float32
 
 

@@ -1,7 +1,8 @@
 """ResNet v1.5 in Flax (bottleneck blocks, stride in the 3x3 convolution).
 
 The full config is ResNet-50: stages (3, 4, 6, 3) of width 64..512, 1000
-classes, 25,557,032 trainable parameters. Shape legend: B batch, H/W spatial,
+classes, 25,557,032 trainable parameters; `--set model.block=bottleneck_transformer`
+makes it BoT50 (bot.py). Shape legend: B batch, H/W spatial,
 C channels, K classes.
 """
 
@@ -13,12 +14,13 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from mlbench.train.layers import BatchNorm
-from workloads.resnet50.config import ModelConfig, Stem
+from workloads.resnet50.bot import BoTBlock
+from workloads.resnet50.config import Block, ModelConfig, Stem
 
 # Keras 'he_normal', the reference's kernel_initializer (mlcommons/training
 # retired_benchmarks/resnet-tf2/tensorflow2/resnet_model.py L115, L132, L147, L307):
 # a normal truncated at two standard deviations, scaled to variance 2 / fan_in.
-_conv_init = nn.initializers.variance_scaling(2.0, "fan_in", "truncated_normal")
+conv_init = nn.initializers.variance_scaling(2.0, "fan_in", "truncated_normal")
 
 
 def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
@@ -40,7 +42,7 @@ class Bottleneck(nn.Module):
 
   @nn.compact
   def __call__(self, x_BHWC: jnp.ndarray, train: bool) -> jnp.ndarray:
-    conv = functools.partial(nn.Conv, use_bias=False, kernel_init=_conv_init,
+    conv = functools.partial(nn.Conv, use_bias=False, kernel_init=conv_init,
                              dtype=jnp.dtype(self.cfg.dtype.value))
     norm = functools.partial(BatchNorm, use_running_average=not train,
                              num_groups=self.bn_groups, momentum=self.cfg.bn_momentum,
@@ -74,10 +76,10 @@ class ResNet(nn.Module):
     x = x_BHWC.astype(dtype)
     if cfg.stem is Stem.IMAGENET:
       x = nn.Conv(cfg.width, (7, 7), strides=2, padding=((3, 3), (3, 3)), use_bias=False,
-                  kernel_init=_conv_init, dtype=dtype, name="stem_conv")(x)
+                  kernel_init=conv_init, dtype=dtype, name="stem_conv")(x)
     else:
       x = nn.Conv(cfg.width, (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
-                  kernel_init=_conv_init, dtype=dtype, name="stem_conv")(x)
+                  kernel_init=conv_init, dtype=dtype, name="stem_conv")(x)
     x = BatchNorm(use_running_average=not train, num_groups=self.bn_groups,
                   momentum=cfg.bn_momentum, epsilon=cfg.bn_epsilon, dtype=dtype,
                   name="stem_bn")(x)
@@ -86,10 +88,12 @@ class ResNet(nn.Module):
       x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=(same_padding(x.shape[1], 3, 2),
                                                             same_padding(x.shape[2], 3, 2)))
     for stage, blocks in enumerate(cfg.stage_sizes):
+      last = stage == len(cfg.stage_sizes) - 1
+      kind = BoTBlock if last and cfg.block is Block.BOTTLENECK_TRANSFORMER else Bottleneck
       for block in range(blocks):
         strides = 2 if stage > 0 and block == 0 else 1
-        x = Bottleneck(cfg.width * 2 ** stage, strides, cfg, self.bn_groups,
-                       name=f"stage{stage + 1}_block{block + 1}")(x, train)
+        x = kind(cfg.width * 2 ** stage, strides, cfg, self.bn_groups,
+                 name=f"stage{stage + 1}_block{block + 1}")(x, train)
     x_BC = jnp.mean(x, axis=(1, 2))
     logits_BK = nn.Dense(cfg.num_classes, kernel_init=nn.initializers.normal(0.01),
                          dtype=jnp.float32, name="fc")(x_BC.astype(jnp.float32))

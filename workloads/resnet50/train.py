@@ -11,7 +11,8 @@ import optax
 from mlbench.train import optim
 from mlbench.workload import EvalPart, Schedule, StepContext
 from workloads.common import conv
-from workloads.resnet50.config import Optimizer, ResNetConfig, Stem
+from workloads.resnet50.bot import mhsa_flops
+from workloads.resnet50.config import Block, Optimizer, ResNetConfig, Stem
 from workloads.resnet50.model import ResNet
 
 
@@ -135,7 +136,8 @@ def partition_rules(cfg: ResNetConfig) -> list[tuple[str, Any]]:
 def flops_per_example(cfg: ResNetConfig) -> float:
   """Model FLOPs of one training image: 3x (forward + backward) the forward
   convolutions and the classifier, walked through the architecture as model.py
-  builds it (stem, bottlenecks with the stride in the 3x3, 1x1 projections)."""
+  builds it (stem, bottlenecks with the stride in the 3x3, 1x1 projections; BoT50's
+  self-attention at the stride's input resolution)."""
   m, size = cfg.model, cfg.data.image_size
   if m.stem is Stem.IMAGENET:
     size = conv.out_size(size, 7, 2, pad=6)
@@ -149,7 +151,9 @@ def flops_per_example(cfg: ResNetConfig) -> float:
     for block in range(blocks):
       stride = 2 if stage > 0 and block == 0 else 1
       out = conv.out_size(size, 3, stride)
-      forward += (conv.conv_flops(size, 1, channels, width) + conv.conv_flops(out, 3, width, width)
+      bot = m.block is Block.BOTTLENECK_TRANSFORMER and stage == len(m.stage_sizes) - 1
+      middle = mhsa_flops(size, width) if bot else conv.conv_flops(out, 3, width, width)
+      forward += (conv.conv_flops(size, 1, channels, width) + middle
                   + conv.conv_flops(out, 1, width, 4 * width))
       if channels != 4 * width or stride != 1:
         forward += conv.conv_flops(out, 1, channels, 4 * width)

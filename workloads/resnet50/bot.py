@@ -1,0 +1,105 @@
+"""The Bottleneck Transformer block of BoTNet (Srinivas, Lin, Parmar, Shlens, Abbeel,
+Vaswani, "Bottleneck Transformers for Visual Recognition", CVPR 2021, arXiv:2101.11605).
+
+BoT50 is ResNet-50 with the 3x3 convolution of each of the last stage's three blocks
+replaced by multi-head self-attention over all positions of the feature map, with 2-D
+relative position encodings (the paper's Figure 4 and its official TensorFlow code,
+github gist aravindsrinivas/56359b79f0ce4449bcb04ab4b56a57a2): 1x1 convolution, BN,
+ReLU -> MHSA (4 heads; query, key and value projections without biases; logits
+q.k + q.r_h + q.r_w with a learned embedding per relative row and column offset) ->
+2x2 average pooling in the first block, whose stride the 3x3 convolution carried -> BN,
+ReLU -> 1x1 convolution, BN; shortcut and final ReLU as in ResNet. BoT50 at 224x224 has
+20,852,008 parameters (the paper: 20.8 M), against ResNet-50's 25,557,032.
+
+Shape legend: B batch, H/W spatial (queries), P/Q spatial (keys), N heads, D head width,
+C channels.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mlbench.train.layers import BatchNorm
+from workloads.resnet50.config import ModelConfig
+
+
+def relative_logits(q_BNHWD: jax.Array, rel_h: jax.Array, rel_w: jax.Array) -> jax.Array:
+  """[B, N, H, W, P, Q]: q(y, x) . r_h[p - y + H - 1] + q(y, x) . r_w[q - x + W - 1], the
+  absolute-indexed form of the paper's `relative_logits` (its rel_to_abs)."""
+  _, _, h, w, _ = q_BNHWD.shape
+  rows_HPD = rel_h[np.arange(h)[None, :] - np.arange(h)[:, None] + h - 1]
+  cols_WQD = rel_w[np.arange(w)[None, :] - np.arange(w)[:, None] + w - 1]
+  logits_h = jnp.einsum("bnhwd,hpd->bnhwp", q_BNHWD, rows_HPD.astype(q_BNHWD.dtype))
+  logits_w = jnp.einsum("bnhwd,wqd->bnhwq", q_BNHWD, cols_WQD.astype(q_BNHWD.dtype))
+  return logits_h[..., :, None] + logits_w[..., None, :]
+
+
+class RelativeSelfAttention(nn.Module):
+  """All-to-all MHSA over an H x W map with 2-D relative position logits."""
+
+  heads: int
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BHWC: jax.Array) -> jax.Array:
+    b, h, w, c = x_BHWC.shape
+    d = c // self.heads
+    proj = functools.partial(nn.DenseGeneral, features=(self.heads, d), use_bias=False,
+                             kernel_init=nn.initializers.normal(0.01), dtype=self.dtype)
+    q, k, v = (proj(name=n)(x_BHWC).transpose(0, 3, 1, 2, 4) for n in ("query", "key", "value"))
+    emb = nn.initializers.normal(d ** -0.5)
+    rel_h = self.param("rel_height", emb, (2 * h - 1, d))
+    rel_w = self.param("rel_width", emb, (2 * w - 1, d))
+    q_BNHWD = q * jnp.asarray(d ** -0.5, q.dtype)
+    logits = jnp.einsum("bnhwd,bnpqd->bnhwpq", q_BNHWD, k, preferred_element_type=jnp.float32)
+    logits = logits + relative_logits(q_BNHWD, rel_h, rel_w)
+    weights = jax.nn.softmax(logits.reshape(b, self.heads, h, w, h * w), axis=-1)
+    weights = weights.reshape(logits.shape).astype(v.dtype)
+    out_BHWND = jnp.einsum("bnhwpq,bnpqd->bhwnd", weights, v)
+    return out_BHWND.reshape(b, h, w, c)
+
+
+class BoTBlock(nn.Module):
+  """A ResNet bottleneck whose 3x3 convolution is `RelativeSelfAttention`."""
+
+  width: int
+  strides: int
+  cfg: ModelConfig
+  bn_groups: int = 1
+
+  @nn.compact
+  def __call__(self, x_BHWC: jax.Array, train: bool) -> jax.Array:
+    from workloads.resnet50.model import conv_init  # here: model.py imports this module
+
+    dtype = jnp.dtype(self.cfg.dtype.value)
+    conv = functools.partial(nn.Conv, use_bias=False, kernel_init=conv_init, dtype=dtype)
+    norm = functools.partial(BatchNorm, use_running_average=not train, num_groups=self.bn_groups,
+                             momentum=self.cfg.bn_momentum, epsilon=self.cfg.bn_epsilon,
+                             dtype=dtype)
+    y = nn.relu(norm(name="bn1")(conv(self.width, (1, 1), name="conv1")(x_BHWC)))
+    y = RelativeSelfAttention(self.cfg.attention_heads, dtype, name="mhsa")(y)
+    if self.strides != 1:  # TF's 'same' average pooling, as the projection's output size
+      y = nn.avg_pool(y, (self.strides, self.strides), strides=(self.strides, self.strides),
+                      padding="SAME", count_include_pad=False)
+    y = nn.relu(norm(name="bn2")(y))
+    last_init = nn.initializers.zeros if self.cfg.zero_init_last_bn else nn.initializers.ones
+    y = norm(scale_init=last_init, name="bn3")(conv(4 * self.width, (1, 1), name="conv3")(y))
+    shortcut = x_BHWC
+    if x_BHWC.shape[-1] != 4 * self.width or self.strides != 1:
+      shortcut = conv(4 * self.width, (1, 1), strides=self.strides, name="proj_conv")(x_BHWC)
+      shortcut = norm(name="proj_bn")(shortcut)
+    return nn.relu(y + shortcut)
+
+
+def mhsa_flops(size: int, channels: int) -> float:
+  """Forward FLOPs of `RelativeSelfAttention` on a size x size map of `channels`: the
+  query, key and value projections, q.k and the weighted values over all size^2 x size^2
+  position pairs, and the row and column relative logits."""
+  n = size * size
+  return float(3 * 2 * n * channels * channels + 2 * 2 * n * n * channels
+               + 2 * 2 * n * size * channels)
