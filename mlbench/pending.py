@@ -6,9 +6,9 @@ benchmark folder, beside a record of the run, `pending_<pid>_<run id>.json`:
     {"run_id", "host", "boot_id", "pid_ns", "pid", "pid_start", "started", "heartbeat"}
 
 which a thread of the run rewrites every `HEARTBEAT_S` seconds (`heartbeat`,
-Unix time). An object in a bucket cannot be appended to, so there the run logs
-into a local file and every heartbeat uploads it as the pending log: a run that
-dies leaves its log as of its last heartbeat.
+Unix time; the same record and judgement keep a run folder's lease,
+`mlbench.train.lease`). An object in a bucket cannot be appended to, so there the
+run logs into a local file and every heartbeat uploads it as the pending log.
 
 A run that ends publishes its log as the lowest free `result_<i>.txt`
 (`storage.write_new`: never clobbers, never partial, distinct numbers for runs
@@ -19,10 +19,8 @@ so before `mlbench run` tidies one it judges each pending log by whose it is:
 - this host's (the same boot and PID namespace): abandoned once its process is
   gone (a pid reused since is told apart by the process's start time);
 - another host's: abandoned only when its heartbeat is older than the run's
-  `--stale-after` limit (`STALE_AFTER_S` by default), so a live run elsewhere is
-  never touched;
+  `--stale-after` limit (`STALE_AFTER_S` by default): a live run elsewhere is safe;
 - a log without a record (from mlbench before records): by the pid in its name.
-
 Every tidy says what it did with each pending log it found.
 """
 
@@ -126,14 +124,14 @@ class Record:
 class Pending:
   """A pending log and its record found in a benchmark folder, judged."""
 
-  stem: str           # pending_<pid>_<run id>
+  stem: str
   log: epath.Path | None
   record: Record | None
   abandoned: bool
   why: str
 
   @property
-  def run_id(self) -> str:
+  def run_id(self) -> str:  # pending_<pid>_<run id>
     return self.stem.rsplit("_", 1)[1]
 
 
@@ -256,12 +254,43 @@ def tidy(folder: epath.Path, run_folder: Callable[[str], epath.Path], *,
           f"kept at {kept} and is not a result")
 
 
+class Heartbeat:
+  """Calls `refresh` every `interval` s on a daemon thread until `stop()`, keeping a record
+  (a pending log's, a run folder's lease) alive; a failed refresh only warns, once."""
+
+  def __init__(self, refresh: Callable[[], None], interval: float, record: epath.Path):
+    self._refresh, self._interval, self._record = refresh, interval, record
+    self._lock, self._done, self._warned = threading.Lock(), threading.Event(), False
+
+  def start(self) -> Heartbeat:
+    threading.Thread(target=self._run, daemon=True, name="mlbench-heartbeat").start()
+    return self
+
+  def _run(self) -> None:
+    while not self._done.wait(self._interval):
+      try:
+        self.beat()
+      except Exception as e:  # A missed heartbeat must never end the run.
+        if not self._warned:
+          self._warned = True
+          print(f"warning: could not refresh {self._record} ({paths.why(e)}); another host "
+                "may take this run for abandoned after --stale-after", file=sys.stderr)
+
+  def beat(self) -> None:
+    with self._lock:
+      if not self._done.is_set():
+        self._refresh()
+
+  def stop(self) -> None:
+    with self._lock:  # Waits for a refresh in flight.
+      self._done.set()
+
+
 class PendingRun:
   """The pending log and record of one run (process 0 writes them), and its heartbeat.
 
   Args:
-    folder: the benchmark folder (`results/<system>/<benchmark>`).
-    run_id: the run's id (its run folder's name).
+    folder, run_id: the benchmark folder (`results/<system>/<benchmark>`); the run's id.
   """
 
   def __init__(self, folder: epath.Path, run_id: str, *, heartbeat_s: float = HEARTBEAT_S):
@@ -276,42 +305,28 @@ class PendingRun:
     else:
       self.log_path = pathlib.Path(self.pending_log)
     self._record = Record.mine(run_id)
-    self._interval = heartbeat_s
-    self._lock = threading.Lock()
-    self._done = threading.Event()
-    self._warned = False
+    self._heart = Heartbeat(self._refresh, heartbeat_s, self._record_path)
 
   def start(self) -> PendingRun:
     """Writes the record (before the log exists) and starts the heartbeat."""
     self.folder.mkdir(parents=True, exist_ok=True)
     if not storage.write_new(self._record_path, self._record.to_json()):
       raise FileExistsError(f"{self._record_path} exists")
-    threading.Thread(target=self._beat, daemon=True, name="mlbench-heartbeat").start()
+    self._heart.start()
     return self
 
-  def _beat(self) -> None:
-    while not self._done.wait(self._interval):
-      try:
-        self.refresh()
-      except Exception as e:  # A missed heartbeat must never end the run.
-        if not self._warned:
-          self._warned = True
-          print(f"warning: could not refresh {self._record_path} ({paths.why(e)}); another "
-                "host may take this run for abandoned after --stale-after", file=sys.stderr)
-
   def refresh(self) -> None:
+    self._heart.beat()
+
+  def _refresh(self) -> None:
     """One heartbeat: the log so far (in a bucket), then the record's time."""
-    with self._lock:
-      if self._done.is_set():
-        return
-      if self._spool is not None and self.log_path.exists():
-        storage.put(self.log_path, self.pending_log)
-      beat = dataclasses.replace(self._record, heartbeat=time.time())
-      storage.write_atomic(self._record_path, beat.to_json())
+    if self._spool is not None and self.log_path.exists():
+      storage.put(self.log_path, self.pending_log)
+    beat = dataclasses.replace(self._record, heartbeat=time.time())
+    storage.write_atomic(self._record_path, beat.to_json())
 
   def _finish(self) -> None:
-    with self._lock:  # Waits for a heartbeat in flight.
-      self._done.set()
+    self._heart.stop()
 
   def _remove(self) -> None:
     storage.remove(self.pending_log)

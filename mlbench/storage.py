@@ -15,6 +15,9 @@ second writer:
 - `write_atomic`: replace a file whole (a temporary file renamed over it; an
   upload, which GCS makes visible only once complete): heartbeats, receipts.
 - `put`: copy a finished local file to its place (a data shard).
+Locally each write is fsynced before its rename or link, and the folder after it
+(`replace_synced`, `sync_dir`), so a crash of the machine never leaves a final
+name on a file whose bytes are not on the disk.
 
 `fetched` gives a local copy of a bucket folder's logs and descriptions for the
 tools that read local files only (the official MLPerf checkers).
@@ -48,6 +51,29 @@ def _write_synced(path: pathlib.Path, data: bytes) -> None:
     os.fsync(f.fileno())
 
 
+def sync_dir(folder: paths.PathLike) -> None:
+  """Makes the names in a local folder durable (after a rename or link into it)."""
+  try:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+  except OSError:  # Not a local folder, or one we may not open: nothing to make durable.
+    return
+  try:
+    os.fsync(fd)
+  except OSError:  # Some filesystems (FUSE mounts) do not sync folders.
+    pass
+  finally:
+    os.close(fd)
+
+
+def replace_synced(src: paths.PathLike, dst: paths.PathLike) -> None:
+  """Moves the complete local file `src` to `dst` (same folder) once its bytes are on
+  the disk: a crash leaves the old name, or the new one with all of it."""
+  with open(src, "rb") as f:
+    os.fsync(f.fileno())
+  os.replace(src, dst)
+  sync_dir(pathlib.Path(dst).parent)
+
+
 def write_new(dst: paths.PathLike, data: bytes | str | None = None, *,
               src: paths.PathLike | None = None) -> bool:
   """Creates `dst` holding `data` (or the local file `src`'s bytes) unless it exists.
@@ -74,6 +100,7 @@ def _link_new(src: pathlib.Path, dst: pathlib.Path) -> bool:
   """Gives `src`'s content the name `dst` unless `dst` exists; never replaces."""
   try:
     os.link(src, dst)
+    sync_dir(dst.parent)
     return True
   except FileExistsError:
     return False
@@ -89,6 +116,7 @@ def _link_new(src: pathlib.Path, dst: pathlib.Path) -> bool:
     with open(src, "rb") as f:
       _write_synced(tmp, f.read())
     os.replace(tmp, dst)  # The claim (empty) becomes the whole file in one step.
+    sync_dir(dst.parent)
   finally:
     tmp.unlink(missing_ok=True)
   return True
@@ -131,6 +159,7 @@ def write_atomic(dst: paths.PathLike, data: bytes | str) -> None:
   try:
     _write_synced(tmp, data)
     os.replace(tmp, dst)
+    sync_dir(dst.parent)
   finally:
     tmp.unlink(missing_ok=True)
 
@@ -144,7 +173,7 @@ def put(src: paths.PathLike, dst: paths.PathLike) -> None:
   tmp = _tmp_beside(dst)
   try:
     shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
+    replace_synced(tmp, dst)
   finally:
     tmp.unlink(missing_ok=True)
 

@@ -64,19 +64,22 @@ def prepare_cmd(dataset: str, raw: str | None, out: str | None, workers: int, dr
     _show_plan(console, job, out)
     return 0
   summary = shards.run(job.shards, job.work, out, workers=workers, description=job.description,
-                       unit=job.unit, console=console, preload=job.preload)
+                       unit=job.unit, console=console, preload=job.preload, options=job.options)
   return _report(console, summary, job, out)
 
 
 def _show_plan(console, job, out) -> None:
+  from mlbench import paths
   from mlbench.datasets import shards
 
-  finished = shards.finished(out, job.shards)
-  done = [s for s in job.shards if s.name in finished]
-  console.print(f"dry run: {len(job.shards) - len(done)} of {len(job.shards)} shards to write "
-                f"into {out} ({len(done)} already finished)", highlight=False)
+  with paths.errors("--out", out):
+    left, notes = shards.todo(out, job.shards, job.options)
+  for note in notes:
+    console.print(note, highlight=False, markup=False)
+  console.print(f"dry run: {len(left)} of {len(job.shards)} shards to write into {out} "
+                f"({len(job.shards) - len(left)} already finished)", highlight=False)
   for s in job.shards:
-    state = "finished" if s in done else "to write"
+    state = "to write" if s in left else "finished"
     console.print(f"  {state:9} {', '.join(s.outputs)}", highlight=False)
 
 
@@ -85,6 +88,8 @@ def _report(console, summary, job, out) -> int:
   console.print(f"wrote {summary.written} shard(s), skipped {summary.skipped} finished; "
                 f"{summary.records:,} records in {out}; {summary.units:,} {job.unit} in "
                 f"{summary.seconds:.1f}s ({rate:,.0f} {job.unit}/s)", highlight=False)
+  for note in summary.notes:
+    console.print(note, highlight=False, markup=False)
   for item in summary.unreadable:
     console.print(f"[yellow]unreadable, left out:[/] {item}", highlight=False)
   for item in summary.failed:

@@ -95,12 +95,6 @@ def run_cmd(ctx: click.Context, workload: str, config_name: str | None,
   paths.check_name("--submitter", submitter)
   data = paths.path(data_dir, "--data-dir") if data_dir else paths.path(
       default_cache_dir() / "data")
-  if data_dir is not None:  # a set `mlbench data prepare` wrote: never start on half of it
-    from mlbench.datasets import check
-
-    check.require_complete(data)
-  from mlbench.train import runner  # Heavy: JAX, Flax, TensorFlow.
-
   if init_checkpoint:  # the config key of the workload's starting point
     overrides = (*overrides, f"{_start_key(workload)}={init_checkpoint}")
   rc = RunConfig(workload=workload, config=config_name, overrides=tuple(overrides),
@@ -117,6 +111,12 @@ def run_cmd(ctx: click.Context, workload: str, config_name: str | None,
     given = {p.name for p in ctx.command.params if ctx.get_parameter_source(p.name) in (
         click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)}
     rc = resume_lib.resumed_config(rc, resume, given)
+  if data_dir is not None or resume is not None:  # never start on half a prepared set
+    from mlbench.datasets import check
+
+    check.require_complete(rc.data_dir)
+  from mlbench.train import runner  # Heavy: JAX, Flax, TensorFlow.
+
   console = output.console()
   plan = runner.prepare(rc)
   if plan.runtime.is_leader:

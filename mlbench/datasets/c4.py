@@ -144,6 +144,17 @@ def write_shard(task: Task, tmps: list[Path]) -> shards.Written:
   return shards.Written(records=docs, units=counts[0])
 
 
+def shaping(planned: list[shards.Shard]) -> dict[str, str]:
+  """The options that shape the tokens: which tokenizer (its file's sha256), which
+  end-of-document token, which token dtype."""
+  if not planned:
+    return {}
+  task = planned[0].task
+  return {"tokenizer": "sha256 " + shards.sha256(task.tokenizer)[:16],
+          "end of document": "none" if task.eod is None else f"token id {task.eod}",
+          "token dtype": task.dtype}
+
+
 def plan(raw: Path, out: Path, tokenizer: Path, eod: str | None) -> list[shards.Shard]:
   """One shard per input file, named after it."""
   vocab, eod_id = load_tokenizer(tokenizer, eod)

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mlbench import paths
-from mlbench.datasets import shards
+from mlbench.datasets import receipts, shards
 from mlbench.errors import UserError
 
 BYTES, INT, FLOAT = "bytes", "int64", "float"
@@ -79,9 +79,9 @@ def verify(dataset: str, folder: paths.PathLike, *, full: bool) -> list[Row]:
 
 
 def _verify(dataset: str, folder: paths.Path, full: bool) -> list[Row]:
-  manifest = shards.read_manifest(folder)
+  manifest = receipts.read_manifest(folder)
   if manifest is not None and not {"complete", "planned", "shards", "files"} <= set(manifest):
-    raise UserError(f"{folder / shards.MANIFEST} is not a manifest this mlbench reads; run the "
+    raise UserError(f"{folder / receipts.MANIFEST} is not a manifest this mlbench reads; run the "
                     "same `mlbench data prepare` again to rewrite it (finished shards are kept)")
   rows = _manifest_rows(manifest)
   if dataset == "c4":
@@ -127,14 +127,28 @@ def _split_rows(folder: paths.Path, spec: SplitSpec, manifest: dict | None,
   if full and files:
     want = (sum(manifest["shards"][n]["records"] for n in listed if n in manifest["shards"])
             if manifest else spec.records)
-    from mlbench.datasets import records
-
-    found = sum(records.count(str(p)) for p in files)
-    rows.append(Row(f"{spec.name} records", _n(want), f"{found:,}",
-                    None if want is None else found == want))
+    rows.append(_count_row(spec.name, files, want))
     if manifest:
       rows.append(_checksum_row(spec.name, folder, listed))
   return rows
+
+
+def _count_row(name: str, files: list[paths.Path], want: int | None) -> Row:
+  """Every record counted; a file that does not read to its end (a corrupt or truncated
+  record) is named, not a traceback."""
+  from mlbench.datasets import records
+
+  found, bad = 0, []
+  for p in files:
+    try:
+      found += records.count(str(p))
+    except records.tf().errors.OpError as e:  # DataLossError: corrupted record at N
+      bad.append(f"{p.name}: {type(e).__name__} ({(str(e).splitlines() or [''])[0][:80]})")
+  if bad:
+    return Row(f"{name} records", _n(want), f"{bad[0]}" + (f" and {len(bad) - 1} more "
+                                                          "unreadable" if len(bad) > 1 else ""),
+               False)
+  return Row(f"{name} records", _n(want), f"{found:,}", None if want is None else found == want)
 
 
 def _n(value: int | None) -> str:
@@ -282,7 +296,7 @@ def require_complete(folder: paths.PathLike) -> None:
   it costs one stat per file; folders without a manifest are left to the workload."""
   folder = paths.path(folder, "--data-dir")
   with paths.errors("--data-dir", folder):
-    manifest = shards.read_manifest(folder) if folder.is_dir() else None
+    manifest = receipts.read_manifest(folder) if folder.is_dir() else None
     _require_complete(folder, manifest)
 
 

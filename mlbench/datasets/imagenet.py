@@ -139,6 +139,17 @@ def plan(raw: Path, options: dict) -> list[shards.Shard]:
           + (_shards("validation", val, labels, options.get("val_shards") or 128) if val else []))
 
 
+def shaping(planned: list[shards.Shard]) -> dict[str, str]:
+  """The options that shape the records: the label of every wnid, and every validation
+  image's wnid (from --val-labels or a labels file found under --raw)."""
+  from mlbench.datasets.receipts import digest
+
+  labels = sorted({(wnid, label) for s in planned for _, label, wnid in s.task.images})
+  val = [(Path(p).name, wnid) for s in planned if s.name.startswith("validation")
+         for p, _, wnid in s.task.images]
+  return {"label map": digest(labels), "validation labels": digest(val)}
+
+
 def write_shard(task: Task, tmps: list[Path]) -> shards.Written:
   """Writes one TFRecord file (the worker of `shards.run`); bad images are listed."""
   from mlbench.datasets import records

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from mlbench.datasets import shards
+from mlbench.datasets.receipts import digest
 from mlbench.errors import UserError
 
 PREPARED = ("c4", "imagenet", "coco")
@@ -31,6 +33,31 @@ class Job:
   unit: str
   description: str
   preload: tuple[str, ...] = ()  # imported once by the fork server, for every worker
+  options: dict[str, str] = dataclasses.field(default_factory=dict)  # what shapes the bytes
+
+
+def _version(*dists: str) -> str:
+  for dist in dists:
+    try:
+      return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+      continue
+  return "none"
+
+
+def _tools(*dists: str) -> dict[str, str]:
+  """The versions of mlbench and of the libraries that write a dataset's bytes."""
+  return {"mlbench": _version("mlbench"),
+          **{d: _version(d, f"{d}-cpu") for d in dists}}
+
+
+def _shard_counts(shard_list: list[shards.Shard]) -> dict[str, str]:
+  """Files per split (`train-00000-of-01024` -> train: 1024): a count changes every name."""
+  counts: dict[str, str] = {}
+  for s in shard_list:
+    prefix, _, count = s.name.rpartition("-of-")
+    counts[f"{prefix.rsplit('-', 1)[0]} files"] = str(int(count))
+  return counts
 
 
 def job(dataset: str, raw: Path, out: Path, options: dict[str, Any]) -> Job:
@@ -42,17 +69,25 @@ def job(dataset: str, raw: Path, out: Path, options: dict[str, Any]) -> Job:
 
     if options.get("tokenizer") is None:
       raise UserError("c4 needs --tokenizer PATH (the model's Hugging Face tokenizer.json)")
-    return Job(c4.plan(raw, out, options["tokenizer"], options.get("eod")), c4.write_shard,
-               "tokens", "tokenising C4", ("tokenizers", "workloads.llama31_8b.indexed"))
+    planned = c4.plan(raw, out, options["tokenizer"], options.get("eod"))
+    return Job(planned, c4.write_shard, "tokens", "tokenising C4",
+               ("tokenizers", "workloads.llama31_8b.indexed"),
+               {**_tools("tokenizers"), **c4.shaping(planned)})
   if dataset == "imagenet":
     from mlbench.datasets import imagenet
 
-    return Job(imagenet.plan(raw, options), imagenet.write_shard, "images", "encoding ImageNet",
-               ("mlbench.datasets.records", "tensorflow"))
+    planned = imagenet.plan(raw, options)
+    return Job(planned, imagenet.write_shard, "images", "encoding ImageNet",
+               ("mlbench.datasets.records", "tensorflow"),
+               {**_tools("tensorflow"), **_shard_counts(planned), **imagenet.shaping(planned)})
   if dataset == "coco":
     from mlbench.datasets import coco
 
-    return Job(coco.plan(raw, options), coco.write_shard, "images", "encoding COCO",
-               ("mlbench.datasets.records", "tensorflow"))
+    planned = coco.plan(raw, options)
+    categories = planned[0].task.categories if planned else ()
+    return Job(planned, coco.write_shard, "images", "encoding COCO",
+               ("mlbench.datasets.records", "tensorflow"),
+               {**_tools("tensorflow"), **_shard_counts(planned),
+                "categories": digest(categories)})
   raise UserError(f"unknown dataset {dataset!r}; choose from "
                   f"{', '.join(PREPARED + tuple(ELSEWHERE))}")

@@ -1,17 +1,21 @@
 """Sharded, atomic, resumable, parallel writing of a prepared dataset, with a progress bar.
 
 A dataset is prepared as independent shards. Each shard's files are written under a
-temporary name and renamed into place, then a small receipt (`.mlbench/<shard>.json`:
-records, units, and every file's size and sha256) is written, also atomically. A shard
-with its receipt and files is finished, so an interrupted job, run again, redoes only
-the shards without a receipt; half-written files never carry a final name. When every
-shard is finished the receipts are gathered into `mlbench-data.json`, the manifest
-`mlbench data verify` checks against.
+temporary name, fsynced and renamed into place, then a small receipt
+(`mlbench.datasets.receipts`: records, units, every file's size and sha256, the
+options that shaped the bytes and the tools' versions) is written, also atomically. A
+shard with its receipt and files is finished, so an interrupted job, run again, redoes
+only the shards without a receipt; half-written files never carry a final name. A job
+whose options differ from those of the finished shards is refused with the difference.
+When every shard is finished the receipts are gathered into `mlbench-data.json`, the
+manifest `mlbench data verify` checks against.
 
 Shards run in worker processes forked by a `forkserver` that has imported what the
 writer needs and run nothing (TensorFlow and the tokenizers' thread pools do not
 survive a fork of a process that has used them); one worker runs in this process. A file that
-cannot be read is listed in the shard's receipt and the job goes on.
+cannot be read is listed in the shard's receipt and the job goes on. A worker that dies
+(killed, out of memory) breaks its pool: the unfinished shards are written again by a
+fresh one, twice at most, then the job ends in one line (run again: it resumes).
 
 The out folder may be a bucket (`gs://...`): a worker writes its shard to a local
 temporary file, then uploads it under its final name (GCS shows an object only once
@@ -33,15 +37,19 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
 from mlbench import paths, pending, storage
+from mlbench.datasets import receipts as receipts_lib
+from mlbench.datasets.receipts import MANIFEST, RECEIPTS, receipt_path
 from mlbench.errors import UserError
 
-MANIFEST = "mlbench-data.json"
-RECEIPTS = ".mlbench"
+__all__ = ["MANIFEST", "RECEIPTS", "Shard", "Summary", "Unreadable", "Written", "run",
+           "receipt_path", "sha256"]
+RESTARTS = 2  # fresh pools after workers died, before the job gives up
 
 
 class Unreadable(Exception):
@@ -78,26 +86,7 @@ class Summary:
   seconds: float = 0.0
   unreadable: list[str] = dataclasses.field(default_factory=list)
   failed: list[str] = dataclasses.field(default_factory=list)
-
-
-def receipt_path(out: paths.PathLike, shard: Shard) -> paths.Path:
-  return paths.path(out) / RECEIPTS / f"{shard.name}.json"
-
-
-def finished(out: paths.PathLike, shards: Sequence[Shard]) -> set[str]:
-  """The names of the shards whose receipt and files are all in place (two listings,
-  not a look-up per file: a bucket answers each in tens of milliseconds)."""
-  out = paths.path(out)
-  names = {p.name for p in out.iterdir()} if out.is_dir() else set()
-  receipts = out / RECEIPTS
-  done = {p.name for p in receipts.iterdir()} if receipts.is_dir() else set()
-  return {s.name for s in shards
-          if f"{s.name}.json" in done and all(o in names for o in s.outputs)}
-
-
-def is_finished(out: paths.PathLike, shard: Shard) -> bool:
-  """Whether a shard's receipt and all its files are in place."""
-  return shard.name in finished(out, [shard])
+  notes: list[str] = dataclasses.field(default_factory=list)
 
 
 def sha256(path: paths.PathLike) -> str:
@@ -108,13 +97,10 @@ def sha256(path: paths.PathLike) -> str:
   return digest.hexdigest()
 
 
-def atomic_write_text(path: paths.PathLike, text: str) -> None:
-  storage.write_atomic(path, text)
-
-
-def _run_one(work: Callable[[Any, list[Path]], Written], out: str, shard: Shard) -> dict:
-  """Writes one shard under temporary names (local ones for a bucket), moves or uploads
-  it into place, then writes its receipt."""
+def _run_one(work: Callable[[Any, list[Path]], Written], out: str, shard: Shard,
+             options: dict[str, str]) -> dict:
+  """Writes one shard under temporary names (local ones for a bucket), moves (fsynced) or
+  uploads it into place, then writes its receipt."""
   out_dir = paths.path(out)
   remote = paths.is_remote(out_dir)
   staging = Path(tempfile.mkdtemp(prefix="mlbench-shard-")) if remote else Path(out_dir)
@@ -130,15 +116,15 @@ def _run_one(work: Callable[[Any, list[Path]], Written], out: str, shard: Shard)
       if remote:
         storage.put(tmp, out_dir / name)
       else:
-        os.replace(tmp, out_dir / name)
+        storage.replace_synced(tmp, out_dir / name)
   finally:
     for tmp in tmps:
       tmp.unlink(missing_ok=True)
     if remote:
       shutil.rmtree(staging, ignore_errors=True)
   receipt = {"shard": shard.name, "records": written.records, "units": written.units,
-             "unreadable": written.unreadable, "files": files}
-  atomic_write_text(receipt_path(out_dir, shard), json.dumps(receipt, indent=1))
+             "unreadable": written.unreadable, "files": files, "options": options}
+  storage.write_atomic(receipt_path(out_dir, shard), json.dumps(receipt, indent=1))
   return receipt
 
 
@@ -159,20 +145,35 @@ def _progress(console: Any, unit: str):
                   disable=console is None)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Job:
+  """What every shard of one `run` shares."""
+
+  work: Callable[[Any, list[Path]], Written]
+  out: paths.Path
+  options: dict[str, str]
+  workers: int
+  preload: Sequence[str]
+
+
 def run(shards: Sequence[Shard], work: Callable[[Any, list[Path]], Written], out: Path, *,
         workers: int, description: str, unit: str, console: Any = None,
-        preload: Sequence[str] = ()) -> Summary:
+        preload: Sequence[str] = (), options: dict[str, str] | None = None) -> Summary:
   """Writes every unfinished shard (`workers` processes), then the manifest of all of them.
 
   `work` must be a module-level function (workers import it by name); `preload` names
   modules the fork server imports once for all workers (TensorFlow, for the writers
-  that need it).
+  that need it); `options` are what shapes the bytes (see `receipts`).
+
+  Raises:
+    UserError: the finished shards were written with other options; workers kept dying.
   """
   out = paths.path(out, "--out")
+  job = _Job(work, out, dict(options or {}), workers, tuple(preload))
   with paths.errors("--out", out):
     (out / RECEIPTS).mkdir(parents=True, exist_ok=True)
     with _bucket_lock(out) if paths.is_remote(out) else _lock(Path(out)):
-      return _run_locked(shards, work, out, workers, description, unit, console, preload)
+      return _run_locked(shards, job, description, unit, console)
 
 
 @contextlib.contextmanager
@@ -204,23 +205,36 @@ def _lock(out: Path) -> Iterator[None]:
     except BlockingIOError:
       raise UserError(f"another `mlbench data prepare` is writing into {out}; wait for it "
                       "to finish or stop it") from None
-    # Temporary files left by an interrupted job are garbage now that no job is running.
+    # Temporary files left by an interrupted job (or a worker that died) are garbage while
+    # no other job runs.
     for stale in out.glob(".*.tmp-*"):
       stale.unlink()
     yield
+    for stale in out.glob(".*.tmp-*"):
+      stale.unlink(missing_ok=True)
 
 
-def _run_locked(shards: Sequence[Shard], work: Callable, out: Path, workers: int,
-                description: str, unit: str, console: Any, preload: Sequence[str]) -> Summary:
+def todo(out: paths.PathLike, shards: Sequence[Shard],
+         options: dict[str, str]) -> tuple[list[Shard], list[str]]:
+  """(the shards still to write, notes on damaged receipts); refuses other options."""
+  receipts, damaged = receipts_lib.read_receipts(out, shards)
+  receipts_lib.refuse_other_options(out, receipts, options)
+  done = receipts_lib.finished(out, shards, receipts)
+  notes = [f"note: {RECEIPTS}/{name}.json in {out} is damaged (empty or truncated); its "
+           "shard is written again" for name in damaged]
+  return [s for s in shards if s.name not in done], notes
+
+
+def _run_locked(shards: Sequence[Shard], job: _Job, description: str, unit: str,
+                console: Any) -> Summary:
   import time
 
-  done_before = finished(out, shards)
-  todo = [s for s in shards if s.name not in done_before]
-  summary = Summary(skipped=len(shards) - len(todo))
+  left, notes = todo(job.out, shards, job.options)
+  summary = Summary(skipped=len(shards) - len(left), notes=notes)
   start = time.perf_counter()
   with _progress(console, unit) as bar:
-    task = bar.add_task(description, total=sum(s.units for s in todo) or 1,
-                        shards=f"0/{len(todo)}", rate="-")
+    task = bar.add_task(description, total=sum(s.units for s in left) or 1,
+                        shards=f"0/{len(left)}", rate="-")
 
     def done(shard: Shard, receipt: dict) -> None:
       if "failed" in receipt:
@@ -231,74 +245,73 @@ def _run_locked(shards: Sequence[Shard], work: Callable, out: Path, workers: int
       summary.units += receipt["units"]
       summary.unreadable += receipt["unreadable"]
       rate = summary.units / max(time.perf_counter() - start, 1e-9)
-      bar.update(task, advance=shard.units, shards=f"{summary.written}/{len(todo)}",
+      bar.update(task, advance=shard.units, shards=f"{summary.written}/{len(left)}",
                  rate=f"{rate:,.0f}")
 
-    if workers <= 1 or len(todo) <= 1:
-      for shard in todo:
-        done(shard, _run_one(work, str(out), shard))
+    if job.workers <= 1 or len(left) <= 1:
+      for shard in left:
+        done(shard, _run_one(job.work, str(job.out), shard, job.options))
     else:
-      _run_parallel(todo, work, out, workers, done, preload)
+      _run_parallel(left, job, done, summary.notes)
   summary.seconds = time.perf_counter() - start
-  summary.records = write_manifest(out, shards)
+  summary.records = receipts_lib.write_manifest(job.out, shards, job.options)
   return summary
 
 
-def _run_parallel(todo: Sequence[Shard], work: Callable, out: Path, workers: int,
-                  done: Callable[[Shard, dict], None], preload: Sequence[str]) -> None:
+def _run_parallel(left: Sequence[Shard], job: _Job, done: Callable[[Shard, dict], None],
+                  notes: list[str]) -> None:
   # Workers inherit these (through the fork server, which starts with the first pool): no
   # TF chatter, and the tokenizers' thread pools share the cores instead of each taking all.
   env = {"TF_CPP_MIN_LOG_LEVEL": "2",
-         "RAYON_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
+         "RAYON_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // job.workers))}
   saved = {k: os.environ.get(k) for k in env}
   os.environ.update({k: v for k, v in env.items() if saved[k] is None})
   try:
-    _pool(todo, work, out, workers, done, preload)
+    for _ in range(RESTARTS + 1):
+      broken = _pool(left, job, done)
+      if not broken:
+        return
+      left = broken
+      notes.append(f"note: a worker process died (killed, or out of memory?) while writing "
+                   f"{_names(broken)}; a fresh pool writes {len(broken)} unfinished shard(s)")
+    raise UserError(f"worker processes died {RESTARTS + 1} times while writing "
+                    f"{_names(left)}; the finished shards are kept: run the same command "
+                    "again to resume (with fewer --workers if they ran out of memory)")
   finally:
     for k, v in saved.items():
       if v is None:
         os.environ.pop(k, None)
 
 
-def _pool(todo: Sequence[Shard], work: Callable, out: Path, workers: int,
-          done: Callable[[Shard, dict], None], preload: Sequence[str]) -> None:
+def _names(shards: Sequence[Shard]) -> str:
+  return ", ".join(s.name for s in shards[:3]) + (", ..." if len(shards) > 3 else "")
+
+
+def _pool(left: Sequence[Shard], job: _Job, done: Callable[[Shard, dict], None]) -> list[Shard]:
+  """Writes `left` with a pool of workers; returns the shards lost to a worker that died."""
   # A fork server that has imported the writer's module (and so TensorFlow, where the
   # writer needs it) forks each worker: one import instead of one per worker (20 s each
   # on a busy 2-core box), and no worker inherits this process's threads.
   context = multiprocessing.get_context("forkserver")
-  context.set_forkserver_preload([work.__module__] + list(preload))
-  pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+  context.set_forkserver_preload([job.work.__module__] + list(job.preload))
+  pool = ProcessPoolExecutor(max_workers=job.workers, mp_context=context)
+  broken = []
   try:
-    pending = {pool.submit(_run_one, work, str(out), s): s for s in todo}
+    pending = {pool.submit(_run_one, job.work, str(job.out), s, job.options): s for s in left}
     while pending:
       finished, _ = wait(pending, return_when=FIRST_COMPLETED)
       for future in finished:
-        done(pending.pop(future), future.result())
+        shard = pending.pop(future)
+        try:
+          receipt = future.result()
+        except BrokenProcessPool:  # Its temporary files are swept by the lock's next holder.
+          broken.append(shard)
+          continue
+        done(shard, receipt)
   except BaseException:
     # An interrupt: drop the queued shards rather than finish them all first; the shards
     # being written are lost to their temporary names and rewritten by the next run.
     pool.shutdown(wait=False, cancel_futures=True)
     raise
   pool.shutdown()
-
-
-def write_manifest(out: paths.PathLike, shards: Sequence[Shard]) -> int:
-  """Gathers the receipts of `shards` into the manifest; returns the total record count."""
-  out = paths.path(out)
-  listed = {p.name for p in (out / RECEIPTS).iterdir()}
-  present = [receipt_path(out, s) for s in shards if f"{s.name}.json" in listed]
-  with ThreadPoolExecutor(16) as pool:  # A bucket answers reads in parallel.
-    receipts = [json.loads(text) for text in pool.map(lambda p: p.read_text(), present)]
-  files = {name: info for r in receipts for name, info in r["files"].items()}
-  manifest = {"complete": len(receipts) == len(shards), "planned": len(shards),
-              "records": sum(r["records"] for r in receipts),
-              "shards": {r["shard"]: {"records": r["records"], "files": sorted(r["files"])}
-                         for r in receipts},
-              "unreadable": [u for r in receipts for u in r["unreadable"]], "files": files}
-  atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1))
-  return manifest["records"]
-
-
-def read_manifest(out: paths.PathLike) -> dict | None:
-  path = paths.path(out) / MANIFEST
-  return json.loads(path.read_text()) if path.is_file() else None
+  return broken

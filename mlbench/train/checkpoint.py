@@ -13,28 +13,39 @@ on as if nothing had happened:
            `step` batches
 
 The checkpoint folder also holds `run.json`, written once when the run
-starts: what was run (workload, config, overrides, seeds, system, ...), so
-`--resume` repeats it exactly. Every process saves its own shards into the same
-folder, which may be a bucket (`gs://...`) every host writes to; orbax's
-multi-host protocol has process 0 commit the step once all have written.
-Restoring reshards onto whatever mesh the resumed run has (a smaller pod after
-a failure).
+starts (`mlbench.train.runrecord`), so `--resume` repeats it exactly, and the
+lease of the live run that owns it (`mlbench.train.lease`). Every process saves
+its own shards into the same folder, which may be a bucket (`gs://...`) every
+host writes to; orbax's multi-host protocol has process 0 commit the step once
+all have written. Restoring (`mlbench.train.restore`) reshards onto whatever mesh
+the resumed run has (a smaller pod after a failure) and skips a damaged checkpoint.
+
+Each save's full duration (until orbax commits it, in the background) is measured:
+a stop by signal allows the final save twice the longest (`signals.allow_for_saves`).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import os
 import pathlib
+import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from mlbench import paths
-from mlbench.train.resume import FINISHED_FILE, RUN_FILE, RunRecord, find_run
+from mlbench.errors import UserError
+from mlbench.train import restore as restore_lib, signals
+from mlbench.train.restore import abstract_state, continue_clock, read_meta, restore
+from mlbench.train.runrecord import FINISHED_FILE, RUN_FILE, RunRecord, find_run
 
-__all__ = ["FINISHED_FILE", "RUN_FILE", "RunRecord", "RunSaver", "find_run"]
+__all__ = ["FINISHED_FILE", "RUN_FILE", "RunRecord", "RunSaver", "abstract_state",
+           "continue_clock", "find_run", "read_meta", "restore"]
+SAVE_RATE = 100e6  # bytes/s a first save is assumed to write, until one is measured
 
 ITEMS = ("state", "sums", "meta")
 
@@ -70,12 +81,14 @@ def _array_handlers() -> Any:
   return ocp.PyTreeCheckpointHandler(type_handler_registry=registry)
 
 
-def _manager(directory: paths.Path) -> Any:
+def manager(directory: paths.Path, on_saved: Callable[[], None] | None = None) -> Any:
+  """The run's orbax CheckpointManager; `on_saved` runs when a save is committed."""
   import orbax.checkpoint as ocp
 
   options = ocp.CheckpointManagerOptions(
       enable_async_checkpointing=True, create=True,
-      preservation_policy=ocp.checkpoint_managers.LatestN(n=2))
+      preservation_policy=ocp.checkpoint_managers.LatestN(n=2),
+      async_options=ocp.AsyncOptions(post_finalization_callback=on_saved))
   return ocp.CheckpointManager(
       paths.resolve(directory), options=options, item_names=ITEMS,
       item_handlers={"state": _array_handlers(), "sums": _array_handlers(),
@@ -97,9 +110,12 @@ class Checkpoints:
     self.directory = paths.path(directory)
     self._every = every
     self._clock, self._result, self._log_path = clock, result, log_path
-    self._mgr = _manager(self.directory)
+    self._mgr = manager(self.directory, on_saved=self._saved)
     self._last: _Snapshot | None = None
     self.saves: list[tuple[int, float]] = []  # (step, seconds the loop waited)
+    self.durations: list[float] = []  # seconds from each save's start to its commit
+    self._started: collections.deque[float] = collections.deque()  # of the saves not committed
+    self._estimated = False
 
   def after_step(self, step: int, state: Any, sums: Any) -> None:
     """Remembers the run after `step`; saves if `step` is a multiple of `every`."""
@@ -109,6 +125,11 @@ class Checkpoints:
         marks=dict(self._clock.marks), segments=dict(self._clock.segments),
         evals=list(self._result.evals), input_wait_s=self._result.input_wait_s,
         taken=time.time())
+    if not self._estimated:  # Until a save is measured: from the state's size.
+      self._estimated = True
+      size = sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(state)) / jax.process_count()
+      signals.allow_for_saves(size / SAVE_RATE, f"save time estimated from the state's "
+                              f"{size / 2**20:,.0f} MiB at {SAVE_RATE / 1e6:g} MB/s")
     if self._every and step % self._every == 0:
       self._save(self._last)
 
@@ -146,91 +167,26 @@ class Checkpoints:
     import orbax.checkpoint as ocp
 
     t0 = time.perf_counter()
+    self._started.append(t0)
     # The step loop forbids implicit transfers; saving is an intended one.
     with jax.transfer_guard("allow"):
       state = snap.state.replace(rng=jax.random.key_data(snap.state.rng))
-      self._mgr.save(snap.step, force=True, args=ocp.args.Composite(
-          state=ocp.args.PyTreeSave(state), sums=ocp.args.PyTreeSave(snap.sums),
-          meta=ocp.args.JsonSave(self._meta(snap))))
+      try:
+        self._mgr.save(snap.step, force=True, args=ocp.args.Composite(
+            state=ocp.args.PyTreeSave(state), sums=ocp.args.PyTreeSave(snap.sums),
+            meta=ocp.args.JsonSave(self._meta(snap))))
+      except BaseException:
+        self._started.pop()  # No commit will come for it.
+        raise
     waited = time.perf_counter() - t0
     self._clock.add("checkpoint", waited)
     self.saves.append((snap.step, waited))
 
-
-@dataclasses.dataclass
-class Restored:
-  """A checkpoint read back: the run continues from `step`."""
-
-  step: int
-  state: Any
-  sums: dict[str, Any]
-  meta: dict[str, Any]
-
-
-def restore(directory: paths.Path, abstract_state: Any,
-            sums_sharding: dict[str, Any]) -> Restored:
-  """The latest checkpoint in `directory`, laid out as `abstract_state` asks.
-
-  `abstract_state` carries the shardings of the resumed run's mesh, which may
-  differ from the mesh that saved it: orbax reads each shard it needs.
-  """
-  import orbax.checkpoint as ocp
-
-  rng = abstract_state.rng
-  target = abstract_state.replace(rng=jax.ShapeDtypeStruct(
-      jax.eval_shape(jax.random.key_data, rng).shape, jnp.uint32, sharding=rng.sharding))
-  sums = {k: jax.ShapeDtypeStruct((), jnp.float32, sharding=s) for k, s in sums_sharding.items()}
-  mgr = _manager(paths.path(directory))
-  try:
-    step = mgr.latest_step()
-    got = mgr.restore(step, args=ocp.args.Composite(
-        state=_pytree_restore(target), sums=_pytree_restore(sums), meta=ocp.args.JsonRestore()))
-  finally:
-    mgr.close()
-  state = got.state.replace(rng=jax.random.wrap_key_data(got.state.rng))
-  return Restored(step=int(step), state=state, sums=dict(got.sums), meta=dict(got.meta))
-
-
-def _pytree_restore(target: Any) -> Any:
-  import orbax.checkpoint as ocp
-
-  return ocp.args.PyTreeRestore(item=target,
-                                restore_args=ocp.checkpoint_utils.construct_restore_args(target))
-
-
-def abstract_state(init: Any, state_sharding: Any, mesh: Any) -> Any:
-  """The train state's shapes and shardings, from the init function alone."""
-  from mlbench.train import mesh as mesh_lib
-
-  rng_spec = jax.ShapeDtypeStruct((), jnp.uint32, sharding=mesh_lib.replicated(mesh))
-  shapes = jax.eval_shape(init, rng_spec)
-  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                      shapes, state_sharding)
-
-
-def continue_clock(clock: Any, result: Any, meta: dict[str, Any]) -> None:
-  """Puts the clock and results back as they were at the checkpoint.
-
-  Time keeps counting from the original `run_start`: the time between the
-  checkpoint and this resume is accounted as `lost` (work redone, downtime).
-  """
-  clock.marks.update(meta["marks"])
-  clock.segments.update(meta["segments"])
-  clock.add("lost", time.time() - meta["taken"])
-  result.evals = [tuple(e) for e in meta["evals"]]
-  result.input_wait_s = float(meta["input_wait_s"])
-
-
-def read_meta(directory: paths.Path) -> dict[str, Any]:
-  """The `meta` item of the latest checkpoint (no arrays are read)."""
-  import orbax.checkpoint as ocp
-
-  mgr = _manager(paths.path(directory))
-  try:
-    got = mgr.restore(mgr.latest_step(), args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-  finally:
-    mgr.close()
-  return dict(got.meta)
+  def _saved(self) -> None:
+    """orbax committed a save (in the order they started; the next save's call waits for
+    it): how long it took in all."""
+    self.durations.append(time.perf_counter() - self._started.popleft())
+    signals.allow_for_saves(max(self.durations), "longest checkpoint save of this run")
 
 
 class RunSaver:
@@ -239,26 +195,45 @@ class RunSaver:
   Args:
     directory: the run's checkpoint folder.
     every: checkpoint every this many steps (0: only when stopped by a signal).
-    resuming: continue from the latest checkpoint in `directory`.
+    resuming: continue from the newest usable checkpoint in `directory`.
+    say: where the one-line reports of damaged checkpoints go (process 0 only).
   """
 
-  def __init__(self, directory: paths.Path, every: int, *, resuming: bool = False):
+  def __init__(self, directory: paths.Path, every: int, *, resuming: bool = False,
+               say: Callable[[str], None] | None = None):
     self.directory = paths.path(directory)
     self.every = every
     self.resuming = resuming
-    self.meta = read_meta(self.directory) if resuming else None
+    self._leader = jax.process_index() == 0
+    self._say = say or (lambda line: print(line, file=sys.stderr))
+    self.meta, self.step = None, None
+    if resuming:
+      self.step, self.meta, damaged = restore_lib.newest_readable(self.directory,
+                                                                  leader=self._leader)
+      self._report(damaged, self.step)
     self._ckpts: Checkpoints | None = None
+    self._result: Any = None
+
+  def _report(self, damaged: list[tuple[int, str]], step: int) -> None:
+    for line in restore_lib.report(self.directory, damaged, step) if self._leader else []:
+      self._say(line)
 
   def continue_clock(self, clock: Any, result: Any) -> None:
+    self._result = result
     continue_clock(clock, result, self.meta)
 
   def restore(self, plan: Any, programs: Any, clock: Any, log: Any) -> tuple[Any, int, Any]:
-    """(state, step, sums) of the latest checkpoint, on this run's mesh; logs the resume."""
+    """(state, step, sums) of the newest usable checkpoint, on this run's mesh; logs the
+    resume."""
     from mlbench.train import steps
 
     init = steps.init_fn(plan.workload, plan.cfg, plan.tx)
-    got = restore(self.directory, abstract_state(init, programs.state_sharding, plan.mesh),
-                  programs.sums_sharding)
+    got = self._restorable(abstract_state(init, programs.state_sharding, plan.mesh),
+                           programs.sums_sharding, clock, log)
+    if jax.process_count() > 1:  # Every process past its choice before anyone saves again.
+      from jax.experimental import multihost_utils
+
+      multihost_utils.sync_global_devices("mlbench-restored")
     state = jax.device_put(got.state, programs.state_sharding)
     sums = jax.device_put(got.sums, programs.sums_sharding)
     t = clock.mark("resumed", state)
@@ -270,6 +245,46 @@ class RunSaver:
         "checkpoint": str(self.directory), "devices": len(plan.runtime.devices),
         "lost_s": round(clock.marks["resume_start"] - got.meta["taken"], 3)}, time_ms=t)
     return state, got.step, sums
+
+  def _restorable(self, abstract: Any, sums_sharding: Any, clock: Any,
+                  log: Any) -> restore_lib.Restored:
+    """The checkpoint chosen at the start, or (its arrays damaged) the newest older one
+    that reads back whole, with the log and clock put back to that one."""
+    step, damaged = self.step, []
+    while True:
+      try:
+        got = restore(self.directory, abstract, sums_sharding, step)
+        break
+      except Exception as e:  # orbax and TensorStore raise plain Exceptions.
+        damaged.append((step, restore_lib.why(e)))
+        if self._leader:
+          restore_lib.set_aside(self.directory, step)
+      try:
+        step, meta, more = restore_lib.newest_readable(self.directory, below=step,
+                                                       leader=self._leader)
+      except UserError:
+        raise UserError(restore_lib.none_usable(self.directory, damaged)) from None
+      damaged += more
+    if step != self.step:
+      self._report(damaged, step)
+      self._rewind(got.meta, clock, log)
+    return got
+
+  def _rewind(self, meta: dict[str, Any], clock: Any, log: Any) -> None:
+    """The run continues from an older checkpoint than the one its log and clock were
+    continued from: cut the log back to that checkpoint's (a prefix of it), and redo
+    the clock."""
+    started = clock.marks["resume_start"]
+    clock.marks.clear()
+    clock.segments.clear()
+    continue_clock(clock, self._result, meta, now=started)
+    clock.marks["resume_start"] = started
+    if log.path is not None:
+      prefix = meta["log"].encode()
+      with open(log.path, "rb") as f:
+        assert f.read(len(prefix)) == prefix, "a checkpoint's log is a prefix of the later ones'"
+      os.truncate(log.path, len(prefix))
+    self.meta = meta
 
   def start(self, clock: Any, result: Any, log: Any) -> None:
     """Begins saving (after the state exists and the clock runs)."""
@@ -283,6 +298,7 @@ class RunSaver:
     return None if self._ckpts is None else self._ckpts.final()
 
   def close(self) -> None:
+    """Waits for the saves in flight and stops saving."""
     if self._ckpts is not None:
       self._ckpts.close()
 

@@ -28,6 +28,7 @@ from mlbench.train import signals, steps, telemetry
 from mlbench.train.telemetry import Telemetry
 from mlbench.train.clock import Clock
 from mlbench.train.checkpoint import RunSaver
+from mlbench.errors import UserError
 from mlbench.mllog import MLLog
 from mlbench.train.plan import Plan, Point
 from mlbench.train.progress import RunProgress
@@ -207,7 +208,7 @@ def _train_block(programs: steps.Programs, state: Any, batches: Any, n: int, gbs
   with jax.transfer_guard("disallow"):
     for i in range(n):
       t0 = time.perf_counter()
-      _, device_batch = next(batches)
+      _, device_batch = _next_batch(batches, first_step + i)
       result.input_wait_s += time.perf_counter() - t0
       tele.before_step(first_step + i)
       state, sums = programs.train(state, sums, device_batch)
@@ -219,6 +220,17 @@ def _train_block(programs: steps.Programs, state: Any, batches: Any, n: int, gbs
         saver.after_step(first_step + i + 1, state, sums)
       signals.check()
   return state, sums
+
+
+def _next_batch(batches: Any, step: int) -> Any:
+  """The next training batch. A pipeline over files that hold no records ends (tf.data's
+  repeat() of nothing stops): one line, not a StopIteration traceback."""
+  try:
+    return next(batches)
+  except StopIteration:
+    raise UserError(f"the training input ran out after step {step}: this host's training "
+                    "files hold no records (emptied?); check --data-dir with `mlbench data "
+                    "verify`, or prepare the data again") from None
 
 
 def _cost(compiled: Any) -> dict[str, float]:

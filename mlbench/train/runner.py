@@ -12,22 +12,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import secrets
 import signal
-import threading
 from collections.abc import Callable
 
 from rich.console import Console
 
 from mlbench import compliance, config as config_lib, paths, results, storage
 from mlbench import pending as pending_lib
-from mlbench.train import checkpoint, loop, peers, runtime as runtime_lib, signals, telemetry
+from mlbench.train import checkpoint, loop, peers, resume, runtime as runtime_lib, signals
+from mlbench.train import telemetry
 from mlbench.config import RunConfig
 from mlbench.errors import Interrupted, UserError
 from mlbench.mllog import MLLog
+from mlbench.train.filing import RunEnd
+from mlbench.train.lease import Lease
 from mlbench.train.plan import Plan, check_inputs, make_plan
 from mlbench.train.progress import RunProgress
+from mlbench.train.runrecord import find_run, new_record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +68,8 @@ def prepare(rc: RunConfig) -> Plan:
   """
   runtime = runtime_lib.setup(cpu_devices=rc.cpu_devices, distributed=runtime_lib.Distributed(
       rc.coordinator, rc.num_processes, rc.process_id), compile_cache=rc.compile_cache)
+  if rc.resume is not None:  # The recorded mesh on this run's devices (resharding).
+    rc = dataclasses.replace(rc, mesh=resume.fit_mesh(rc.mesh, len(runtime.devices)))
   plan = make_plan(rc, runtime)
   if runtime.is_leader:
     # A link out of --results-dir, or a folder (or bucket) that cannot be written,
@@ -85,6 +89,11 @@ def prepare(rc: RunConfig) -> Plan:
     check_inputs(plan)
     if plan.workload.input.bind is not None:
       plan = dataclasses.replace(plan, cfg=plan.workload.input.bind(plan.cfg, rc.data_dir))
+  if rc.resume is not None:  # What only a running JAX knows: processes, the config resolved.
+    problems = resume.plan_differences(find_run(rc.resume)[0], config_lib.flatten(plan.cfg),
+                                       runtime.process_count)
+    if problems:
+      raise UserError(resume.refusal(rc.resume, problems))
   if not runtime.is_leader:
     return plan
   with paths.errors("cannot write under --results-dir", rc.results_dir):
@@ -98,7 +107,7 @@ def run_all(plan: Plan, *, console: Console,
   if plan.runtime.is_leader:
     _tidy(plan, console)
   if plan.rc.resume is not None:
-    record, folder = checkpoint.find_run(plan.rc.resume)
+    record, folder = find_run(plan.rc.resume)
     todo = [(record.index, record.seeds[record.index], record.run_id, folder)]
     seed_list = list(record.seeds)
   else:
@@ -107,15 +116,21 @@ def run_all(plan: Plan, *, console: Console,
     todo = [(i, s, rid, None) for i, (s, rid) in enumerate(zip(seed_list, ids))]
   outcomes = []
   watch = peers.PeerWatch(plan.runtime.process_index, plan.runtime.process_count).start()
-  for index, seed, rid, resume in todo:
-    outcome = _one(plan, Run(index, seed, rid, tuple(seed_list), resume), console, watch)
+  for index, seed, rid, ckpt in todo:
+    outcome = _one(plan, Run(index, seed, rid, tuple(seed_list), ckpt), console, watch)
     on_outcome(outcome)
     outcomes.append(outcome)
     signum = signals.requested()
-    if signum is not None:  # It came after the run's last step: the run is filed, stop here.
+    if signum is None:
+      continue
+    # It came after the run's last evaluation: the run is filed as it ended.
+    if index != todo[-1][0]:
       raise Interrupted(signum, f"stopped by {signal.Signals(signum).name} after run "
                                 f"{index + 1}, whose log is {outcome.result.log}; the "
                                 "remaining runs were not started")
+    if plan.runtime.is_leader:
+      console.print(f"note: {signal.Signals(signum).name} arrived after the last evaluation "
+                    "of the run, which is filed as it ended", highlight=False)
   return outcomes
 
 
@@ -153,28 +168,59 @@ class Run:
   resume: paths.Path | None = None
 
 
-def _saver(plan: Plan, run: Run) -> tuple[checkpoint.RunSaver | None, paths.Path]:
-  """The run's checkpointing (None when off) and its run folder."""
+def _saver(plan: Plan, run: Run,
+           console: Console) -> tuple[checkpoint.RunSaver | None, paths.Path, Lease | None]:
+  """The run's checkpointing (None when off), its run folder and, on process 0, its lease
+  on the checkpoint folder (held until the run ends)."""
   rc = plan.rc
   folder = results.run_folder(rc.results_dir, plan.system, plan.workload.benchmark, run.run_id)
+
+  def say(line: str) -> None:
+    console.print(line, style="yellow", highlight=False, markup=False)
+
   if run.resume is not None:
-    return checkpoint.RunSaver(run.resume, rc.checkpoint_every, resuming=True), folder
+    lease = _own(plan, run.resume, run.run_id, f"--resume {run.resume}", console)
+    try:
+      return checkpoint.RunSaver(run.resume, rc.checkpoint_every, resuming=True,
+                                 say=say), folder, lease
+    except BaseException:
+      if lease is not None:
+        lease.release()
+      raise
   if not rc.checkpoint_every:
-    return None, folder
+    return None, folder, None
   ckpt_dir = (rc.checkpoint_dir / run.run_id if rc.checkpoint_dir is not None
               else folder / "checkpoints")
   if plan.runtime.is_leader:
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    record = checkpoint.RunRecord(
-        run_id=run.run_id, workload=plan.workload.name, config=rc.config,
-        overrides=tuple(rc.overrides), seeds=run.seeds, index=run.index, system=plan.system,
-        submitter=rc.submitter, division=rc.division.value, ruleset=plan.rule.ruleset,
-        results_dir=str(paths.resolve(rc.results_dir)), checkpoint_every=rc.checkpoint_every)
+    record = new_record(plan, run.run_id, run.seeds, run.index)
     storage.write_new(ckpt_dir / checkpoint.RUN_FILE, record.to_json())
     if rc.checkpoint_dir is not None:  # The run folder says where its checkpoints are.
       folder.mkdir(parents=True, exist_ok=True)
       storage.write_new(folder / "checkpoints.txt", f"{paths.resolve(ckpt_dir)}\n")
-  return checkpoint.RunSaver(ckpt_dir, rc.checkpoint_every), folder
+  lease = _own(plan, ckpt_dir, run.run_id, f"the checkpoint folder {ckpt_dir}", console)
+  return checkpoint.RunSaver(ckpt_dir, rc.checkpoint_every), folder, lease
+
+
+def _own(plan: Plan, directory: paths.Path, run_id: str, what: str,
+         console: Console) -> Lease | None:
+  """Process 0 takes the lease on a checkpoint folder; every process learns whether it did."""
+  lease, error = None, None
+  if plan.runtime.is_leader:
+    try:
+      lease = Lease.take(directory, run_id, stale_after=plan.rc.stale_after, what=what,
+                         say=lambda line: console.print(line, highlight=False, markup=False))
+    except UserError as e:
+      error = e
+  if plan.runtime.process_count > 1:
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    if not multihost_utils.broadcast_one_to_all(np.int32(error is None)) and error is None:
+      error = UserError(f"{what}: process 0 could not take the run folder (see its message)")
+  if error is not None:
+    raise error
+  return lease
 
 
 def _refuse_if_published(plan: Plan, saver: checkpoint.RunSaver) -> None:
@@ -200,118 +246,54 @@ def _one(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch) -> Outc
 
 
 def _guarded_one(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch) -> Outcome:
-  leader = plan.runtime.is_leader
-  saver, folder = _saver(plan, run)
-  if leader and saver is not None and saver.resuming:
-    _refuse_if_published(plan, saver)
-  pending = (pending_lib.PendingRun(results.benchmark_dir(
-      plan.rc.results_dir, plan.system, plan.workload.benchmark), run.run_id).start()
-             if leader else None)
-  log = MLLog(pending.log_path if pending else None,
-              prefix=saver.meta["log"] if saver and saver.resuming else "")
+  saver, folder, lease = _saver(plan, run, console)
+  end = None
+  try:
+    if plan.runtime.is_leader and saver is not None and saver.resuming:
+      _refuse_if_published(plan, saver)
+    pending = (pending_lib.PendingRun(results.benchmark_dir(
+        plan.rc.results_dir, plan.system, plan.workload.benchmark), run.run_id).start()
+               if plan.runtime.is_leader else None)
+    log = MLLog(pending.log_path if pending else None,
+                prefix=saver.meta["log"] if saver and saver.resuming else "")
+    end = RunEnd(plan.workload.name, log, pending, folder, saver, lease, console)
+    signals.on_timeout(end.cut_short)
+    watch.on_lost = end.peer_lost
+    return _run_and_file(plan, run, console, watch, saver, folder, end)
+  finally:
+    signals.on_timeout(lambda signum: None)
+    watch.on_lost = lambda message: None
+    if end is not None:
+      end.release()
+    elif lease is not None:
+      lease.release()
+
+
+def _run_and_file(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch,
+                  saver: checkpoint.RunSaver | None, folder: paths.Path, end: RunEnd) -> Outcome:
+  """The run, then its log filed at once (a result, or kept in its run folder)."""
   title = (f"{plan.workload.name} run {run.index + 1}/{len(run.seeds)} (seed {run.seed})"
            + (" resumed" if run.resume else ""))
-  stop = _Stop(plan, log, pending, folder, saver, console)
   tele = telemetry.for_run(plan, folder)
-  signals.on_timeout(stop.cut_short)
-  watch.on_lost = stop.peer_lost
   try:
     with RunProgress(title=title, total_samples=plan.schedule.max_train_samples,
                      train_examples=plan.schedule.train_examples, console=console,
-                     enabled=leader) as progress:
-      result = loop.run_once(plan, run.seed, log, progress, saver, tele)
+                     enabled=plan.runtime.is_leader) as progress:
+      result = loop.run_once(plan, run.seed, end.log, progress, saver, tele)
+    result.log = end.finished()  # Before any wait: a signal from now on costs nothing.
   except Interrupted as e:
-    raise Interrupted(e.signum, stop.interrupted(e.signum)) from None
+    raise Interrupted(e.signum, end.interrupted(e.signum)) from None
   except BaseException:
-    stop.crashed()
+    end.crashed()
     watch.settle()  # A collective that failed because a peer died: say which one.
     raise
   finally:
     tele.close()
-    signals.on_timeout(lambda signum: None)
-    watch.on_lost = lambda message: None
-  stop.finished()
-  if saver is not None:
-    saver.final()
+  if saver is not None:  # The saves in flight; a finished run needs no final one.
     saver.close()
     result.checkpoint_saves = saver.saves
   check = None
-  if leader:
-    result.log = pending.publish()
-    if saver is not None:
-      storage.write_new(saver.directory / checkpoint.FINISHED_FILE,
-                        json.dumps({"log": str(result.log)}) + "\n")
+  if result.log is not None:
     with storage.fetched(result.log, "the run's log") as local:  # The checker reads files.
       check = compliance.check_log(local, plan.rule, config_lib.default_cache_dir())
   return Outcome(run.index, result, check)
-
-
-class _Stop:
-  """How one run ends early: by a signal, cut short by the watchdog, or a crash.
-
-  Whichever comes first closes the log (run_stop, status aborted) and moves it
-  out of the result folder, once.
-  """
-
-  def __init__(self, plan: Plan, log: MLLog, pending: pending_lib.PendingRun | None,
-               folder: paths.Path, saver: checkpoint.RunSaver | None, console: Console):
-    self._plan, self._log, self._pending, self._folder = plan, log, pending, folder
-    self._saver, self._console = saver, console
-    self._lock = threading.Lock()
-    self._kept: paths.Path | None = None
-    self._done = False
-
-  def _close_log(self, stopped: bool) -> paths.Path | None:
-    with self._lock:
-      if not self._done:
-        self._done = True
-        if stopped:
-          self._log.run_stop(False)
-        self._log.close()
-        if self._pending is not None:  # Out of the result folder, where nothing may count it.
-          self._kept = self._pending.shelve(self._folder)
-      return self._kept
-
-  def interrupted(self, signum: int) -> str:
-    """The final checkpoint, the log kept; returns the one-line message."""
-    step = None
-    if self._saver is not None:
-      step = self._saver.final()
-      self._saver.close()
-    kept = self._close_log(stopped=True)
-    signals.stopped()
-    what = f"interrupted by {signal.Signals(signum).name}"
-    if kept is not None:
-      what += f": the partial log is kept at {kept}"
-    if step is None:
-      return what + ("; no checkpoint to resume from (use --checkpoint-every N to make runs "
-                     "resumable)")
-    return (f"{what}, the checkpoint of step {step} in {self._saver.directory}; resume with: "
-            f"mlbench run {self._plan.workload.name} --resume {self._saver.directory}")
-
-  def finished(self) -> None:
-    """The run ended normally: close its log; nothing left for a stop to do."""
-    with self._lock:
-      self._done = True
-      self._log.close()
-
-  def cut_short(self, signum: int) -> None:
-    """The watchdog's last words when the run could not stop in time."""
-    filed = self._done and self._kept is None
-    kept = self._close_log(stopped=True)
-    where = ("the run's log was already filed" if filed
-             else f"the partial log is kept at {kept}")
-    os.write(2, (f"interrupted by {signal.Signals(signum).name} (no safe point reached in "
-                 f"{signals.GRACE_S:g} s): {where}\n").encode())
-
-  def peer_lost(self, message: str) -> None:
-    """Another process died: the run cannot finish; file its log away (no result)."""
-    self._close_log(stopped=True)
-
-  def crashed(self) -> None:
-    if self._saver is not None:
-      self._saver.close()
-    kept = self._close_log(stopped=False)
-    if kept is not None:
-      self._console.print(f"[yellow]the incomplete log of this run is kept at {kept}",
-                          highlight=False)

@@ -8,7 +8,10 @@ train state is consistent, so a final checkpoint and `run_stop` (status
 aborted) can be written. Where the main thread cannot reach a safe point in
 time (inside a long XLA compile, say), a watchdog runs the run's `on_timeout`
 (which closes the log) and ends the process with 128 + signal number, so a
-stop never takes more than `grace_s`. A second signal exits at once.
+stop never takes more than its grace. The grace is `GRACE_S`, plus twice the
+longest checkpoint save the run has measured (`allow_for_saves`): a save in
+flight, then the final one, both finish before the process exits; the message
+of the first signal says how long that is and why. A second signal exits at once.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 from mlbench.errors import Interrupted
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-GRACE_S = 8.0  # The issue's bound is 10 s; the rest is the process's own exit.
+GRACE_S = 8.0  # A stop without checkpoints: within 10 s; the rest is the process's own exit.
 
 
 class _State:
@@ -36,6 +39,8 @@ class _State:
     self.lock = threading.Lock()
     self.on_timeout: Callable[[int], None] = lambda signum: None
     self.done = threading.Event()
+    self.base_s = self.grace_s = GRACE_S
+    self.grace_why = ""
 
 
 _state = _State()
@@ -55,20 +60,33 @@ def _watchdog(signum: int, grace_s: float) -> None:
     os._exit(128 + signum)
 
 
-def _received(signum: int, grace_s: float) -> None:
+def _received(signum: int) -> None:
   with _state.lock:
     _state.count += 1
     if _state.count > 1:  # The second signal: no more waiting.
       os.write(2, f"\n{_name(signum)} again: exiting now\n".encode())
       os._exit(128 + signum)
     _state.signum = signum
-  os.write(2, f"\n{_name(signum)}: stopping the run at the next step (again to exit at "
-              "once)\n".encode())
+    grace_s, why = grace()
+  os.write(2, f"\n{_name(signum)}: stopping the run at the next step, within {grace_s:.0f} s"
+              f"{why} (again to exit at once)\n".encode())
   threading.Thread(target=_watchdog, args=(signum, grace_s), daemon=True,
                    name="mlbench-stop-watchdog").start()
 
 
-def _listen(sock: socket.socket, grace_s: float) -> None:
+def allow_for_saves(save_s: float, how: str) -> None:
+  """A checkpoint save takes about `save_s` seconds (`how`: measured or estimated): a stop
+  allows a save in flight and the final one to finish, twice that, before it exits."""
+  _state.grace_s = _state.base_s + 2 * save_s
+  _state.grace_why = f"{_state.base_s:g} s + 2 x {save_s:.1f} s, the {how}"
+
+
+def grace() -> tuple[float, str]:
+  """(seconds a stop may take, why, as ": ..." or "")."""
+  return _state.grace_s, f" ({_state.grace_why})" if _state.grace_why else ""
+
+
+def _listen(sock: socket.socket) -> None:
   """Python runs signal handlers in the main thread only, and only between
   bytecodes: not during an XLA compile. The C-level handler writes the signal
   number to the wakeup fd at once, though; this thread reads it there."""
@@ -80,7 +98,7 @@ def _listen(sock: socket.socket, grace_s: float) -> None:
     if not data:
       return
     for signum in data:
-      _received(signum, grace_s)
+      _received(signum)
 
 
 class StopOnSignals:
@@ -98,6 +116,8 @@ class StopOnSignals:
 
   def __enter__(self) -> StopOnSignals:
     _state.signum, _state.count, _state.done = None, 0, threading.Event()
+    _state.base_s = _state.grace_s = self._grace_s
+    _state.grace_why = ""
     if threading.current_thread() is not threading.main_thread():
       return self
     self._socks = socket.socketpair()
@@ -105,7 +125,7 @@ class StopOnSignals:
       sock.setblocking(True)
     self._socks[1].setblocking(False)  # The wakeup fd must not block the handler.
     self._old_fd = signal.set_wakeup_fd(self._socks[1].fileno(), warn_on_full_buffer=False)
-    threading.Thread(target=_listen, args=(self._socks[0], self._grace_s), daemon=True,
+    threading.Thread(target=_listen, args=(self._socks[0],), daemon=True,
                      name="mlbench-signals").start()
     for s in SIGNALS:  # The Python-level handler has nothing left to do.
       self._old[s] = signal.signal(s, lambda signum, frame: None)

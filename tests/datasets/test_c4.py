@@ -131,6 +131,58 @@ def test_an_interrupted_prepare_resumes_byte_identically(raw, tmp_path, capsys):
   assert _bytes(out) == first
 
 
+def _one_line(capsys) -> str:
+  err = capsys.readouterr().err
+  assert err.startswith("error: ") and err.count("\n") == 1, err
+  return err
+
+
+def test_receipts_record_what_shapes_the_bytes_and_other_options_are_refused(raw, tmp_path,
+                                                                            capsys):
+  from importlib import metadata
+
+  raw_dir, tok_path, _ = raw
+  out = tmp_path / "out"
+  assert _prepare(raw_dir, out, tok_path, "--workers", "1") == 0
+  receipt = json.loads((out / ".mlbench" / "c4-train.en_6_text_document.json").read_text())
+  manifest = json.loads((out / "mlbench-data.json").read_text())
+  assert receipt["options"] == manifest["options"] and receipt["options"] == {
+      "mlbench": metadata.version("mlbench"), "tokenizers": metadata.version("tokenizers"),
+      "tokenizer": receipt["options"]["tokenizer"], "end of document": "none",
+      "token dtype": "uint16"}
+  assert receipt["options"]["tokenizer"].startswith("sha256 ")
+  before = _bytes(out)
+  capsys.readouterr()
+  for extra in (("--eod", "auto"), ("--eod", "auto", "--dry-run")):
+    assert _prepare(raw_dir, out, tok_path, *extra) == 2
+    assert _one_line(capsys) == (
+        f"error: --out {out} holds shards prepared with other options (end of document: none "
+        "there, token id 1 now); prepare into another --out, or delete "
+        f"{out} to prepare it again with these options\n")
+  assert _bytes(out) == before  # nothing mixed in
+
+
+def test_damaged_receipts_and_manifests_are_one_line_or_written_again(raw, tmp_path, capsys):
+  raw_dir, tok_path, _ = raw
+  out = tmp_path / "out"
+  assert _prepare(raw_dir, out, tok_path, "--workers", "1") == 0
+  before = _bytes(out)
+  (out / ".mlbench" / "c4-train.en_7_text_document.json").write_text("")  # emptied
+  manifest = out / "mlbench-data.json"
+  manifest.write_text(manifest.read_text()[:100])  # truncated
+  capsys.readouterr()
+  assert main(["data", "verify", "c4", str(out)]) == 2
+  assert f"error: {manifest} is damaged (JSONDecodeError: " in _one_line(capsys)
+  assert main(["run", "llama31_8b", "--config", "full", "--data-dir", str(out)]) == 2
+  assert f"error: {manifest} is damaged" in _one_line(capsys)
+  assert _prepare(raw_dir, out, tok_path, "--workers", "1") == 0
+  err = capsys.readouterr().err
+  assert (f"note: .mlbench/c4-train.en_7_text_document.json in {out} is damaged (empty or "
+          "truncated); its shard is written again") in err
+  assert "wrote 1 shard(s), skipped 2 finished" in err and _bytes(out) == before
+  assert main(["data", "verify", "c4", str(out)]) == 0
+
+
 def test_an_unreadable_file_is_listed_and_the_rest_is_written(raw, tmp_path, capsys):
   raw_dir, tok_path, _ = raw
   mixed = tmp_path / "mixed"
@@ -229,8 +281,24 @@ def test_one_train_step_of_llama_on_the_prepared_tokens(raw, tmp_path):
   assert np.isfinite(loss) and int(jax.device_get(state.step)) == 1
 
 
+def _grandchildren(pid: int) -> list[int]:
+  """The workers of a prepare: children of its fork server, itself a child of `pid`."""
+  parents = {}
+  for stat in Path("/proc").glob("[0-9]*/stat"):
+    try:
+      parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+      continue
+  children = {p for p, pp in parents.items() if pp == pid}
+  return sorted(p for p, pp in parents.items() if pp in children)
+
+
 def test_a_killed_prepare_resumes_byte_identically(raw, tmp_path, processes):
-  """SIGKILL to the whole job (main process and workers) once some shards are done."""
+  """SIGKILL to the whole job (main process and workers) once some shards are done; then,
+  in the job that resumes it, SIGKILL to one worker: that job writes the lost shards with
+  a fresh pool and ends as if nothing had happened."""
+  import os
+  import signal
   import time
 
   tok_path = raw[1]
@@ -241,16 +309,29 @@ def test_a_killed_prepare_resumes_byte_identically(raw, tmp_path, processes):
     (many / f"c4-train.{i:05d}-of-01024.json").write_text(body)
   whole, out = tmp_path / "whole", tmp_path / "out"
   assert _prepare(many, whole, tok_path, "--workers", "1") == 0
-  [job] = processes.mlbench("data", "prepare", "c4", "--raw", many, "--out", out, "--tokenizer",
-                            tok_path, "--workers", "2")
+  args = ("data", "prepare", "c4", "--raw", many, "--out", out, "--tokenizer", tok_path,
+          "--workers", "2")
   receipts = out / ".mlbench"
-  deadline = time.monotonic() + 120
-  while time.monotonic() < deadline and job.poll() is None and (
-      len(list(receipts.glob("*.json"))) < 3 if receipts.is_dir() else True):
-    time.sleep(0.005)
+
+  def receipts_at_least(job, n: int) -> int:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and job.poll() is None and (
+        len(list(receipts.glob("*.json"))) < n if receipts.is_dir() else True):
+      time.sleep(0.005)
+    return len(list(receipts.glob("*.json")))
+
+  [job] = processes.mlbench(*args)
+  receipts_at_least(job, 3)
   job.kill()  # its process group: the main process and its workers
   done = len(list(receipts.glob("*.json")))
   assert 3 <= done < 40, f"the job was not caught mid-way ({done} of 40 shards done)"
-  assert _prepare(many, out, tok_path, "--workers", "2") == 0
+  [job] = processes.mlbench(*args)
+  receipts_at_least(job, done + 2)
+  workers = _grandchildren(job.pid)
+  assert workers and job.poll() is None, "the resumed job was not caught mid-way"
+  os.kill(workers[0], signal.SIGKILL)
+  end = job.wait(timeout=300)
+  assert end.returncode == 0, end.stderr[-2000:]
+  assert "note: a worker process died (killed, or out of memory?) while writing" in end.stderr
   assert _bytes(out) == _bytes(whole) and len(_bytes(out)) == 80
   assert not list(out.glob(".*tmp*"))

@@ -158,6 +158,12 @@ def test_an_interrupted_prepare_resumes_byte_identically(raw, prepared, tmp_path
   assert _prepare(raw, out, "--workers", "1") == 0
   assert "wrote 2 shard(s), skipped 4 finished" in capsys.readouterr().err
   assert _bytes(out) == first
+  # Other shard counts would write other files beside these: refused, with the difference.
+  assert main(["data", "prepare", "imagenet", "--raw", str(raw), "--out", str(out),
+               "--train-shards", "3", "--val-shards", "2"]) == 2
+  err = capsys.readouterr().err
+  assert "holds shards prepared with other options (train files: 4 there, 3 now)" in err
+  assert err.count("\n") == 1
 
 
 @pytest.mark.parametrize("layout, message", [
@@ -199,6 +205,28 @@ def test_verify_passes_a_prepared_set_and_names_what_is_wrong(prepared, tmp_path
   assert "check(s) failed: train files, train numbering, train sizes, validation sizes" in (
       captured.err)
   assert "missing 1" in captured.out
+  data = bytearray((broken / "train-00002-of-00004").read_bytes())
+  data[20] ^= 0xFF  # inside the first record: its CRC no longer matches
+  (broken / "train-00002-of-00004").write_bytes(bytes(data))
+  assert _verify(broken, "--full") == 1
+  captured = capsys.readouterr()
+  assert "train records" in captured.err and "DataLossError" in captured.out
+  assert "train-00002-of-00004" in captured.out and "Traceback" not in captured.err
+
+
+def test_an_emptied_training_set_is_one_line_not_a_hang(tmp_path):
+  """Every training file of a host emptied: tf.data's repeat() of nothing ends, and the
+  loop says so in one line instead of a StopIteration traceback."""
+  from mlbench.errors import UserError
+  from mlbench.train import data, loop
+
+  empty = tmp_path / "train-00000-of-00001"
+  empty.write_bytes(b"")
+  ds = data.train_dataset([str(empty)], lambda r, s: {"n": tf.strings.length(r)},
+                          per_host_batch=4, seed=0, host=0, hosts=1)
+  with pytest.raises(UserError, match=r"^the training input ran out after step 7: this host's "
+                                      r"training files hold no records \(emptied\?\)"):
+    loop._next_batch(data.numpy_batches(ds), 7)
 
 
 def test_verify_without_a_manifest_holds_a_set_to_the_reference(prepared, tmp_path, capsys):

@@ -131,6 +131,32 @@ def test_the_heartbeat_uploads_the_log_and_refreshes_the_record(bucket):
   assert not folder.is_dir() and not run.log_path.exists()  # Nothing left there.
 
 
+def test_a_run_folder_in_a_bucket_is_held_by_one_live_run(bucket):
+  """The lease of mlbench.train.lease, in a bucket: refused while another host's run beats,
+  taken over once its heartbeat is older than --stale-after, exactly once."""
+  from mlbench.errors import UserError
+  from mlbench.train.lease import Lease
+
+  folder = results.run_folder(f"{bucket}/results", "sys", "resnet", "abcd1234") / "checkpoints"
+  now = time.time()
+  other = pending.Record("abcd1234", "tpu-host-7", "b00t", 1, 4242, None, now, now - 60)
+  assert storage.write_new(folder / "lease-0.json", other.to_json())
+  with pytest.raises(UserError, match=r"in progress elsewhere \(host tpu-host-7, process 4242: "
+                                      r"heartbeat 60 s ago\)"):
+    Lease.take(folder, "abcd1234", stale_after=600, what="--resume")
+  lease = Lease.take(folder, "abcd1234", stale_after=30, what="--resume", heartbeat_s=0.1)
+  assert [p.name for p in folder.iterdir()] == ["lease-1.json"] and lease.ours()
+  # Another process of this host, while this one holds it and beats.
+  out = subprocess.run([sys.executable, "-c", "import sys; from mlbench.train.lease import "
+                        "Lease; Lease.take(sys.argv[1], 'abcd1234', stale_after=30, "
+                        "what='--resume')", str(folder)], capture_output=True, text=True,
+                       env={**os.environ}, timeout=120)
+  assert out.returncode == 1 and (f"UserError: --resume: that run is in progress elsewhere "
+                                  f"(process {os.getpid()} of this host still runs)") in out.stderr
+  lease.release()
+  assert not folder.exists() or not list(folder.iterdir())
+
+
 @pytest.fixture
 def restore_jax_cache():
   import jax

@@ -1,18 +1,18 @@
-"""Checkpoints: what a save holds comes back, on another mesh too; --resume refuses clashes."""
+"""Checkpoints: what a save holds comes back, on another mesh too; a damaged one is skipped."""
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mlbench.cli import main
+from mlbench.errors import UserError
+from mlbench.mllog import MLLog
 from mlbench.train import checkpoint, mesh as mesh_lib, sharding, steps
 from mlbench.train.clock import Clock
 from mlbench.train.goodput import measure
 from mlbench.train.loop import RunResult
-from mlbench.storage import write_new
-from mlbench.train.resume import RUN_FILE, RunRecord
 
 
 def _shardings(workload, cfg, tx, devices):
@@ -80,35 +80,74 @@ def test_goodput_splits_the_wall_time_by_the_runs_own_events():
   assert g.summary().startswith("goodput 56.0% of 100.0 s; badput init+compile 15.0%")
 
 
-def _record(folder, **changes):
-  base = dict(run_id="abcd1234", workload="resnet50", config=None, overrides=("train_epochs=1",),
-              seeds=(3,), index=0, system="cpu-test", submitter="mlbench", division="closed",
-              ruleset="mini", results_dir=str(folder.parent), checkpoint_every=5)
-  folder.mkdir(parents=True)
-  write_new(folder / RUN_FILE, RunRecord(**{**base, **changes}).to_json())
-  return folder
+def _tiny_run(directory, log):
+  """Checkpoints of steps 5 and 10 of a tiny TrainState, their logs one line apart."""
+  state = steps.TrainState(step=jnp.zeros((), jnp.int32), params={"w": jnp.arange(4096.0)},
+                           model_state={}, opt_state={}, rng=jax.random.key(0))
+  clock, result = Clock(), RunResult(seed=0)
+  clock.mark("init_start")
+  log.write_text(":::MLLOG line 1\n")
+  ckpts = checkpoint.Checkpoints(directory, 5, clock, result, log)
+  ckpts.after_step(5, state.replace(step=jnp.int32(5)), {"loss": jnp.float32(5)})
+  with open(log, "a") as f:
+    f.write(":::MLLOG line 2\n")
+  ckpts.after_step(10, state.replace(step=jnp.int32(10)), {"loss": jnp.float32(10)})
+  ckpts.close()
+  assert ckpts.durations and len(ckpts.durations) == 2  # each save timed to its commit
+  return state
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--seed", "4"], "error: --seed 4 clashes with the run being resumed (3); leave --seed out"),
-    (["--set", "train_epochs=2"], "error: --set ('train_epochs=2',) clashes with the run being "
-                                  "resumed (('train_epochs=1',)); leave --set out"),
-    (["--system", "other"], "error: --system other clashes with the run being resumed"),
-])
-def test_a_clashing_resume_is_one_line_before_any_compile(capsys, tmp_path, args, message):
-  folder = _record(tmp_path / "ck")
-  (folder / "5").mkdir()
-  rc = main(["run", "resnet50", "--resume", str(folder), *args])
-  err = capsys.readouterr().err
-  assert rc == 2 and err.startswith(message) and err.count("\n") == 1, err
+def _damage(directory, step, pattern):
+  for f in directory.glob(f"{step}/{pattern}"):
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2])
 
 
-def test_resume_refuses_another_workload_no_checkpoint_and_no_record(capsys, tmp_path):
-  folder = _record(tmp_path / "ck")
-  assert main(["run", "resnet50", "--resume", str(folder)]) == 2
-  assert "stopped before its first checkpoint" in capsys.readouterr().err
-  (folder / "5").mkdir()
-  assert main(["run", "bert", "--resume", str(folder)]) == 2
-  assert "is a resnet50 run, not bert" in capsys.readouterr().err
-  assert main(["run", "resnet50", "--resume", str(tmp_path)]) == 2
-  assert "no run.json there" in capsys.readouterr().err
+def test_a_damaged_newest_checkpoint_is_one_line_and_the_previous_one_restored(tmp_path):
+  ck, said = tmp_path / "ck", []
+  _tiny_run(ck, tmp_path / "log")
+  _damage(ck, 10, "meta/metadata")  # Truncated metadata: found before the log is used.
+  saver = checkpoint.RunSaver(ck, 5, resuming=True, say=said.append)
+  assert saver.step == 5 and saver.meta["log"] == ":::MLLOG line 1\n"
+  [line] = said
+  assert line.startswith(f"warning: the checkpoint of step 10 in {ck} is damaged "
+                         "(JSONDecodeError: ") and line.endswith(
+      "; it is kept as 10.damaged and the run resumes from step 5"), line
+  assert sorted(p.name for p in ck.iterdir() if p.is_dir()) == ["10.damaged", "5"]
+
+
+def test_damaged_arrays_are_found_at_restore_and_the_log_and_clock_go_back_too(tmp_path):
+  ck, said = tmp_path / "ck", []
+  state = _tiny_run(ck, tmp_path / "log")
+  _damage(ck, 10, "state/ocdbt.process_0/d/*")  # The arrays: only a restore reads them.
+  saver = checkpoint.RunSaver(ck, 5, resuming=True, say=said.append)
+  assert saver.step == 10 and not said
+  log = MLLog(tmp_path / "resumed.log", prefix=saver.meta["log"])
+  clock, result = Clock(), RunResult(seed=0)
+  saver.continue_clock(clock, result)
+  clock.mark("resume_start")
+  rep = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), state)
+  got = saver._restorable(abstract, {"loss": rep}, clock, log)
+  assert got.step == 5 and int(got.state.step) == 5 and float(got.sums["loss"]) == 5
+  np.testing.assert_array_equal(got.state.params["w"], np.arange(4096.0))
+  assert (tmp_path / "resumed.log").read_text() == ":::MLLOG line 1\n"  # step 5's log
+  assert clock.segments["lost"] == pytest.approx(clock.marks["resume_start"]
+                                                 - got.meta["taken"])
+  [line] = said
+  assert line.startswith(f"warning: the checkpoint of step 10 in {ck} is damaged (")
+  assert line.endswith("the run resumes from step 5")
+  log.close()
+
+
+def test_no_usable_checkpoint_is_one_line(tmp_path, capsys):
+  ck = tmp_path / "ck"
+  _tiny_run(ck, tmp_path / "log")
+  for step in (5, 10):
+    _damage(ck, step, "state/_METADATA")
+  with pytest.raises(UserError) as e:
+    checkpoint.RunSaver(ck, 5, resuming=True)
+  message = str(e.value)
+  assert message.startswith(f"--resume {ck}: no checkpoint there can be restored (step 10: "
+                            "JSONDecodeError") and "; step 5: JSONDecodeError" in message
+  assert "\n" not in message and message.endswith("start a new run")

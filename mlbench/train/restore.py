@@ -1,0 +1,179 @@
+"""Reading checkpoints back: the newest usable one, on the resumed run's mesh.
+
+A checkpoint is usable when all it holds reads back: its `meta` (the log so far,
+the clock), its train state and metric sums. One that does not (a truncated
+metadata file, a damaged array file: a disk error, an interrupted copy of the run
+folder) is set aside under the name `<step>.damaged` (never deleted; orbax ignores
+the name, and the resumed run can save that step again), reported in one line, and
+the previous one is used. None usable is a one-line error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from mlbench import paths
+from mlbench.errors import UserError
+
+
+@dataclasses.dataclass
+class Restored:
+  """A checkpoint read back: the run continues from `step`."""
+
+  step: int
+  state: Any
+  sums: dict[str, Any]
+  meta: dict[str, Any]
+
+
+def why(e: BaseException) -> str:
+  """What is wrong with a checkpoint, in a few words (orbax and TensorStore raise plain
+  Exceptions whose text runs over many lines)."""
+  text = (str(e).splitlines() or [""])[0]
+  return f"{type(e).__name__}: {text[:160]}" if text else type(e).__name__
+
+
+def _manager(directory: paths.PathLike) -> Any:
+  from mlbench.train import checkpoint
+
+  return checkpoint.manager(paths.path(directory))
+
+
+def steps(directory: paths.PathLike) -> list[int]:
+  """The committed checkpoints' steps in `directory`, newest first."""
+  mgr = _manager(directory)
+  try:
+    return sorted(mgr.all_steps(), reverse=True)
+  finally:
+    mgr.close()
+
+
+def restore(directory: paths.PathLike, abstract_state: Any, sums_sharding: dict[str, Any],
+            step: int | None = None) -> Restored:
+  """The checkpoint of `step` (default: the latest), laid out as `abstract_state` asks.
+
+  `abstract_state` carries the shardings of the resumed run's mesh, which may
+  differ from the mesh that saved it: orbax reads each shard it needs.
+  """
+  import orbax.checkpoint as ocp
+
+  rng = abstract_state.rng
+  target = abstract_state.replace(rng=jax.ShapeDtypeStruct(
+      jax.eval_shape(jax.random.key_data, rng).shape, jnp.uint32, sharding=rng.sharding))
+  sums = {k: jax.ShapeDtypeStruct((), jnp.float32, sharding=s) for k, s in sums_sharding.items()}
+  mgr = _manager(directory)
+  try:
+    step = mgr.latest_step() if step is None else step
+    got = mgr.restore(step, args=ocp.args.Composite(
+        state=_pytree_restore(target), sums=_pytree_restore(sums), meta=ocp.args.JsonRestore()))
+  finally:
+    mgr.close()
+  state = got.state.replace(rng=jax.random.wrap_key_data(got.state.rng))
+  return Restored(step=int(step), state=state, sums=dict(got.sums), meta=dict(got.meta))
+
+
+def _pytree_restore(target: Any) -> Any:
+  import orbax.checkpoint as ocp
+
+  return ocp.args.PyTreeRestore(item=target,
+                                restore_args=ocp.checkpoint_utils.construct_restore_args(target))
+
+
+def abstract_state(init: Any, state_sharding: Any, mesh: Any) -> Any:
+  """The train state's shapes and shardings, from the init function alone."""
+  from mlbench.train import mesh as mesh_lib
+
+  rng_spec = jax.ShapeDtypeStruct((), jnp.uint32, sharding=mesh_lib.replicated(mesh))
+  shapes = jax.eval_shape(init, rng_spec)
+  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                      shapes, state_sharding)
+
+
+def read_meta(directory: paths.PathLike, step: int | None = None) -> dict[str, Any]:
+  """The `meta` item of the checkpoint of `step` (default: the latest); no arrays are read.
+  The state's and sums' tree metadata are read too, so a checkpoint whose metadata is
+  damaged fails here, before the run uses its log."""
+  import orbax.checkpoint as ocp
+
+  mgr = _manager(directory)
+  try:
+    step = mgr.latest_step() if step is None else step
+    got = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    for item in ("state", "sums"):
+      if mgr.item_metadata(step)[item] is None:
+        raise ValueError(f"no {item} in the checkpoint")
+  finally:
+    mgr.close()
+  return dict(got.meta)
+
+
+def continue_clock(clock: Any, result: Any, meta: dict[str, Any],
+                   now: float | None = None) -> None:
+  """Puts the clock and results back as they were at the checkpoint.
+
+  Time keeps counting from the original `run_start`: the time between the
+  checkpoint and this resume (`now`) is accounted as `lost` (work redone, downtime).
+  """
+  clock.marks.update(meta["marks"])
+  clock.segments.update(meta["segments"])
+  clock.add("lost", (time.time() if now is None else now) - meta["taken"])
+  result.evals = [tuple(e) for e in meta["evals"]]
+  result.input_wait_s = float(meta["input_wait_s"])
+
+
+def set_aside(directory: paths.PathLike, step: int) -> paths.Path:
+  """Renames a damaged checkpoint `<step>` to `<step>.damaged` (`.damaged-<i>` if taken);
+  in a bucket, where nothing renames a folder, its objects are copied, then removed."""
+  directory = paths.path(directory)
+  src, dst, i = directory / str(step), directory / f"{step}.damaged", 1
+  while dst.exists():
+    dst, i = directory / f"{step}.damaged-{i}", i + 1
+  if not paths.is_remote(directory):
+    os.rename(src, dst)
+    return dst
+  from mlbench import storage
+
+  for f in [f for f in src.rglob("*") if not f.is_dir()]:
+    f.copy(dst / f.relative_to(src), overwrite=True)
+  for f in [f for f in src.rglob("*") if not f.is_dir()]:
+    storage.remove(f)
+  return dst
+
+
+def newest_readable(directory: paths.PathLike, *, below: int | None = None,
+                    leader: bool = True) -> tuple[int, dict[str, Any], list[tuple[int, str]]]:
+  """(step, meta, damaged) of the newest checkpoint (older than `below`) whose metadata
+  reads back; the damaged ones newer than it are set aside by the `leader` process.
+
+  Raises:
+    UserError: no checkpoint is usable.
+  """
+  damaged = []
+  for step in steps(directory):
+    if below is not None and step >= below:
+      continue
+    try:
+      return step, read_meta(directory, step), damaged
+    except Exception as e:  # orbax, TensorStore, json: any failure to read it back.
+      damaged.append((step, why(e)))
+      if leader:
+        set_aside(directory, step)
+  raise UserError(none_usable(directory, damaged))
+
+
+def none_usable(directory: paths.PathLike, damaged: list[tuple[int, str]]) -> str:
+  found = "; ".join(f"step {s}: {w}" for s, w in damaged) or "none there"
+  return (f"--resume {directory}: no checkpoint there can be restored ({found}); damaged "
+          "ones were renamed <step>.damaged; start a new run")
+
+
+def report(directory: paths.PathLike, damaged: list[tuple[int, str]], step: int) -> list[str]:
+  """One line per damaged checkpoint set aside, naming the one the run resumes from."""
+  return [f"warning: the checkpoint of step {s} in {directory} is damaged ({w}); it is kept "
+          f"as {s}.damaged and the run resumes from step {step}" for s, w in damaged]
