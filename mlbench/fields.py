@@ -7,9 +7,11 @@ before anything is traced, not a `ValueError` from inside jit. `mlbench.config.o
 builds each changed section once, with all of its `--set` values, and puts the section's
 path in front of the key (`attention_chunk` -> `model.attention_chunk`).
 
-A few fields mean the same in every config that has them, and the harness reads or sets
-them by their typed value (`Field`): the compute dtype (`--precision`), the remat policy
-and scanned layers (hints in messages). This module imports nothing heavy.
+Every top-level config extends `WorkloadConfig` (or `EpochConfig`), which owns its
+sections and the batch sizes and their checks. A few fields mean the same in every config that has them, and the
+harness reads or sets them by their typed value (`Field`): the compute dtype
+(`--precision`), the remat policy and scanned layers (hints in messages). This module
+imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -122,6 +124,48 @@ def remat_choices(node: Any, *allowed: Remat) -> None:
   require(node.remat in allowed, "remat",
           f"{node.remat.value} is not implemented here; set one of: "
           + ", ".join(r.value for r in allowed))
+
+
+ModelT = TypeVar("ModelT")  # a workload's model section
+DataT = TypeVar("DataT")  # its data section
+OptimizerT = TypeVar("OptimizerT")  # its optimizer section
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkloadConfig(Generic[ModelT, DataT, OptimizerT]):
+  """The top of every workload config, which extends it with the types of its own sections
+  (`BertConfig(WorkloadConfig[ModelConfig, DataConfig, OptimizerConfig])`) and any fields
+  of its own. The batch sizes are checked here, once for every workload. No field has a
+  default: `full()` and `mini()` each give every value.
+
+  Attributes:
+    model: the model's section (`--set model.KEY=VALUE`).
+    data: the dataset's section.
+    optimizer: the optimizer's and its schedule's section.
+    global_batch_size: examples per training step over all devices and hosts.
+    eval_batch_size: examples per evaluation step over all devices and hosts.
+  """
+
+  model: ModelT
+  data: DataT
+  optimizer: OptimizerT
+  global_batch_size: int
+  eval_batch_size: int
+
+  def __post_init__(self):
+    at_least(self, 1, "global_batch_size", "eval_batch_size")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EpochConfig(WorkloadConfig[ModelT, DataT, OptimizerT]):
+  """A `WorkloadConfig` whose training budget is `train_epochs` epochs of the training
+  set: the schedule's length, at which a run short of its target is aborted."""
+
+  train_epochs: float
+
+  def __post_init__(self):
+    super().__post_init__()
+    positive(self, "train_epochs")
 
 
 @dataclasses.dataclass(frozen=True)

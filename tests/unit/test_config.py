@@ -117,10 +117,26 @@ def test_a_config_checks_its_combinations_once_all_overrides_are_in():
 
 def test_every_config_of_every_workload_passes_its_own_checks():
   from mlbench import registry
+  from mlbench.fields import WorkloadConfig
 
   for w in registry.all_workloads():
     for make in w.configs.values():
-      config_lib.override(make(), [])  # built by its function: its checks ran once
+      cfg = config_lib.override(make(), [])  # built by its function: its checks ran once
+      assert isinstance(cfg, WorkloadConfig), w.name  # the shared sections and batch checks
+
+
+def test_the_shared_top_checks_the_batch_sizes_and_epochs_of_every_workload():
+  """`WorkloadConfig` and `EpochConfig` check the fields every workload has, under their
+  `--set` keys, whichever workload's config extends them."""
+  from mlbench.fields import ConfigError
+  from workloads.bert import config as bert
+  from workloads.vit import config as vit
+
+  for cfg in (bert.mini(), vit.mini(), mini()):
+    with pytest.raises(ConfigError, match=r"^eval_batch_size: 0 is below 1; set 1 or more"):
+      config_lib.override(cfg, ["eval_batch_size=0"])
+  with pytest.raises(ConfigError, match=r"^train_epochs: -1\.0 is not positive"):
+    config_lib.override(vit.mini(), ["train_epochs=-1"])
 
 
 def test_the_harness_reads_and_sets_the_shared_fields_by_type():

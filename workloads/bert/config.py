@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from mlbench.fields import (DType, Remat, at_least, divides, fraction, positive, remat_choices,
+from mlbench.fields import (WorkloadConfig, DType, Remat, at_least, divides, fraction, positive, remat_choices,
                             require)
 
 
@@ -95,19 +95,14 @@ class OptimizerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class BertConfig:
-  model: ModelConfig = ModelConfig()
-  data: DataConfig = DataConfig()
-  optimizer: OptimizerConfig = OptimizerConfig()
-  global_batch_size: int = 8192
-  eval_batch_size: int = 1024
+class BertConfig(WorkloadConfig[ModelConfig, DataConfig, OptimizerConfig]):
   # The phase-1 TensorFlow checkpoint phase 2 starts from (the MLPerf
   # model.ckpt-28252; `mlbench run bert --init-checkpoint PATH`); "" starts from
   # random weights, which only the mini config does.
   init_checkpoint: str = ""
 
   def __post_init__(self):
-    at_least(self, 1, "global_batch_size", "eval_batch_size")
+    super().__post_init__()
     length, positions = self.data.max_seq_length, self.model.max_position_embeddings
     require(1 <= length <= positions, "data.max_seq_length",
             f"{length} is not in 1..model.max_position_embeddings ({positions})")
@@ -123,7 +118,8 @@ def full() -> BertConfig:
   float32), as MLPerf submissions train; `--precision float32` (or `--set
   model.dtype=float32`) for full precision.
   """
-  return BertConfig(model=ModelConfig(dtype=DType.BFLOAT16))
+  return BertConfig(model=ModelConfig(dtype=DType.BFLOAT16), data=DataConfig(),
+                    optimizer=OptimizerConfig(), global_batch_size=8192, eval_batch_size=1024)
 
 
 def mini() -> BertConfig:

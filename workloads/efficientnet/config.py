@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from mlbench.fields import DType, LrScaling, at_least, fraction, positive, require
+from mlbench.fields import DType, EpochConfig, LrScaling, at_least, fraction, positive, require
 from workloads.resnet50.config import Source, image_records
 
 
@@ -132,18 +132,7 @@ class OptimizerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class EfficientNetConfig:
-  model: ModelConfig = ModelConfig()
-  data: DataConfig = DataConfig()
-  optimizer: OptimizerConfig = OptimizerConfig()
-  global_batch_size: int = 65536
-  eval_batch_size: int = 16384
-  train_epochs: float = 350.0
-
-  def __post_init__(self):
-    at_least(self, 1, "global_batch_size", "eval_batch_size")
-    positive(self, "train_epochs")
-
+class EfficientNetConfig(EpochConfig[ModelConfig, DataConfig, OptimizerConfig]):
   @property
   def image_size(self) -> int:
     return self.data.image_size or SCALING[self.model.variant][2]
@@ -166,7 +155,9 @@ def full() -> EfficientNetConfig:
   text here: confirm them (`--set optimizer.base_learning_rate=...
   optimizer.warmup_epochs=...`) before quoting a time to train.
   """
-  return EfficientNetConfig(model=ModelConfig(dtype=DType.BFLOAT16))
+  return EfficientNetConfig(model=ModelConfig(dtype=DType.BFLOAT16), data=DataConfig(),
+                            optimizer=OptimizerConfig(), global_batch_size=65536,
+                            eval_batch_size=16384, train_epochs=350.0)
 
 
 def mini() -> EfficientNetConfig:

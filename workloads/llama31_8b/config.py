@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from mlbench.fields import DType, Remat, at_least, divides, positive, require
+from mlbench.fields import DType, Remat, WorkloadConfig, at_least, divides, positive, require
 from workloads.common.adamw import AdamWCosine
 
 
@@ -113,22 +113,14 @@ class DataConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class LlamaConfig:
+class LlamaConfig(WorkloadConfig[ModelConfig, DataConfig, AdamWCosine]):
   name: str = "full"                  # logged as config_filename
-  model: ModelConfig = ModelConfig()
-  data: DataConfig = DataConfig()
-  # Weight decay on kernels and embeddings, none on norm scales (Megatron's parameter
-  # groups); min_lr = 0.1 x max_lr (NeMo). The reference convergence points' learning
-  # rate for batch 32 (8e-4, 4,096 warmup samples; rcps_llama31_8b.json).
-  optimizer: AdamWCosine = AdamWCosine(base_learning_rate=8e-4, end_learning_rate=8e-5,
-                                       warmup_steps=128, max_steps=1_200_000)
-  global_batch_size: int = 32
-  eval_batch_size: int = 32
   gradient_accumulation_steps: int = 1  # the global batch is this many sequential microbatches
   train_budget_steps: int = 0           # steps a run may take before it gives up; 0: max_steps
 
   def __post_init__(self):
-    at_least(self, 1, "global_batch_size", "eval_batch_size", "gradient_accumulation_steps")
+    super().__post_init__()
+    at_least(self, 1, "gradient_accumulation_steps")
     at_least(self, 0, "train_budget_steps")
     chunk, length = self.model.attention_chunk, self.data.seq_length
     require(chunk == 0 or chunk >= length or length % chunk == 0, "model.attention_chunk",
@@ -146,7 +138,18 @@ def full() -> LlamaConfig:
   52.8 GiB with one attention call per layer (XLA's unfused attention), 38.4 GiB with
   `--set model.attention_chunk=1024`. A run gives up after 20,000 steps (640 k
   sequences, 3.5x the reference convergence point's 184 k)."""
-  return LlamaConfig(model=ModelConfig(scan_layers=True), train_budget_steps=20_000)
+  return LlamaConfig(
+      model=ModelConfig(scan_layers=True),
+      data=DataConfig(),
+      # Weight decay on kernels and embeddings, none on norm scales (Megatron's parameter
+      # groups); min_lr = 0.1 x max_lr (NeMo). The reference convergence points' learning
+      # rate for batch 32 (8e-4, 4,096 warmup samples; rcps_llama31_8b.json).
+      optimizer=AdamWCosine(base_learning_rate=8e-4, end_learning_rate=8e-5, warmup_steps=128,
+                            max_steps=1_200_000),
+      global_batch_size=32,
+      eval_batch_size=32,
+      train_budget_steps=20_000,
+  )
 
 
 def mini() -> LlamaConfig:

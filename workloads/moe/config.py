@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from mlbench.fields import DType, at_least, divides, fraction, positive, require
+from mlbench.fields import DType, WorkloadConfig, at_least, divides, fraction, positive, require
 from workloads.common.adamw import AdamWCosine
 
 
@@ -111,18 +111,8 @@ class DataConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class MoeLMConfig:
+class MoeLMConfig(WorkloadConfig[ModelConfig, DataConfig, AdamWCosine]):
   name: str = "full"         # logged as config_filename
-  model: ModelConfig = ModelConfig()
-  data: DataConfig = DataConfig()
-  # The optimizer of the MLPerf 6.x MoE benchmarks.
-  optimizer: AdamWCosine = AdamWCosine(base_learning_rate=4e-4, end_learning_rate=4e-5,
-                                       warmup_steps=1000, max_steps=100_000)
-  global_batch_size: int = 1024
-  eval_batch_size: int = 1024
-
-  def __post_init__(self):
-    at_least(self, 1, "global_batch_size", "eval_batch_size")
 
 
 def full() -> MoeLMConfig:
@@ -134,7 +124,15 @@ def full() -> MoeLMConfig:
   pre-tokenised TFRecords in --data-dir; meant for
   `mlbench check moe --config full --mesh data=16,expert=64`.
   """
-  return MoeLMConfig()
+  return MoeLMConfig(
+      model=ModelConfig(),
+      data=DataConfig(),
+      # The optimizer of the MLPerf 6.x MoE benchmarks.
+      optimizer=AdamWCosine(base_learning_rate=4e-4, end_learning_rate=4e-5, warmup_steps=1000,
+                            max_steps=100_000),
+      global_batch_size=1024,
+      eval_batch_size=1024,
+  )
 
 
 def mini() -> MoeLMConfig:

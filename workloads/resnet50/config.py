@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from mlbench.fields import DType, at_least, fraction, interval, positive, require
+from mlbench.fields import DType, EpochConfig, at_least, fraction, interval, positive, require
 
 
 class Stem(enum.Enum):
@@ -129,22 +129,15 @@ class OptimizerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class ResNetConfig:
-  model: ModelConfig = ModelConfig()
-  data: DataConfig = DataConfig()
-  optimizer: OptimizerConfig = OptimizerConfig()
-  global_batch_size: int = 4096
-  eval_batch_size: int = 4096
-  train_epochs: float = 42.0    # schedule length; the run aborts here without the target
+class ResNetConfig(EpochConfig[ModelConfig, DataConfig, OptimizerConfig]):
   # Evaluations this many epochs before the rules' every-4 cadence: the reference runs
   # with --eval_offset_epochs=2 (resnet-tf2 README L110-112; resnet_ctl_imagenet_main.py
   # L184-188), evaluating at epochs 2, 6, 10, ...; the rules allow up to 3.
   eval_offset_epochs: float = 2.0
 
   def __post_init__(self):
-    at_least(self, 1, "global_batch_size", "eval_batch_size")
+    super().__post_init__()
     at_least(self, 0, "eval_offset_epochs")
-    positive(self, "train_epochs")
 
 
 def full() -> ResNetConfig:
@@ -154,7 +147,9 @@ def full() -> ResNetConfig:
   convolutions in bfloat16 (parameters, optimizer and batch-norm statistics float32),
   as the TPU and GPU submissions train; float32 measured 1.8x slower on an H100.
   """
-  return ResNetConfig(model=ModelConfig(dtype=DType.BFLOAT16))
+  return ResNetConfig(model=ModelConfig(dtype=DType.BFLOAT16), data=DataConfig(),
+                      optimizer=OptimizerConfig(), global_batch_size=4096, eval_batch_size=4096,
+                      train_epochs=42.0)
 
 
 def mini() -> ResNetConfig:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from mlbench.fields import DType, at_least, fraction, positive, require, same_length
+from mlbench.fields import DType, EpochConfig, at_least, fraction, positive, require, same_length
 # resnet50's: IMAGENET (7x7/2 convolution, 3x3/2 max pool, torchvision's ResNet-34 here) or
 # SMALL (3x3/1 convolution, no pool, for tiny images); workloads.common.blocks builds it.
 from workloads.resnet50.config import Stem
@@ -175,22 +175,15 @@ class EvalConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class SSDConfig:
-  model: ModelConfig = ModelConfig()
+class SSDConfig(EpochConfig[ModelConfig, DataConfig, OptimizerConfig]):
   anchors: AnchorConfig = AnchorConfig()
-  data: DataConfig = DataConfig()
-  optimizer: OptimizerConfig = OptimizerConfig()
   eval: EvalConfig = EvalConfig()
-  global_batch_size: int = 4096
-  eval_batch_size: int = 1024
-  train_epochs: float = 120.0  # schedule length; the run aborts here without the target
   # torchvision's ImageNet ResNet-34 as .npz (`python -m workloads.ssd.backbone`), which
   # the reference starts from (ssd-v1 base_model.py L58-61); "": random backbone.
   backbone_weights: str = ""
 
   def __post_init__(self):
-    at_least(self, 1, "global_batch_size", "eval_batch_size")
-    positive(self, "train_epochs")
+    super().__post_init__()
     classes = len(self.data.category_ids) + 1
     require(self.model.num_classes == classes, "model.num_classes",
             f"{self.model.num_classes} is not data.category_ids and the background "
@@ -213,7 +206,9 @@ def full() -> SSDConfig:
   (`max_samples` 1). Activations and convolutions in bfloat16 (parameters, optimizer
   and batch-norm statistics float32), as that submission trains.
   """
-  return SSDConfig(model=ModelConfig(dtype=DType.BFLOAT16))
+  return SSDConfig(model=ModelConfig(dtype=DType.BFLOAT16), data=DataConfig(),
+                   optimizer=OptimizerConfig(), global_batch_size=4096, eval_batch_size=1024,
+                   train_epochs=120.0)
 
 
 def mini() -> SSDConfig:

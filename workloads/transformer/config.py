@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from mlbench.fields import (DType, Remat, at_least, divides, fraction, positive, remat_choices,
-                            require)
+from mlbench.fields import (DType, EpochConfig, Remat, at_least, divides, fraction, positive,
+                            remat_choices, require)
 
 MAX_POSITIONS = 1024
 """Rows of the sinusoidal position table; sequences are at most this long."""
@@ -134,18 +134,8 @@ class DecodeConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class TransformerConfig:
-  model: ModelConfig = ModelConfig()
-  data: DataConfig = DataConfig()
-  optimizer: OptimizerConfig = OptimizerConfig()
+class TransformerConfig(EpochConfig[ModelConfig, DataConfig, OptimizerConfig]):
   decode: DecodeConfig = DecodeConfig()
-  global_batch_size: int = 2048
-  eval_batch_size: int = 512
-  train_epochs: float = 20.0
-
-  def __post_init__(self):
-    at_least(self, 1, "global_batch_size", "eval_batch_size")
-    positive(self, "train_epochs")
 
 
 def full() -> TransformerConfig:
@@ -160,8 +150,13 @@ def full() -> TransformerConfig:
   """
   return TransformerConfig(
       model=ModelConfig(dtype=DType.BFLOAT16),
+      data=DataConfig(),
       optimizer=OptimizerConfig(base_learning_rate=3.3092157691415953, warmup_steps=664,
-                                beta_1=0.9086575725261137, beta_2=0.9198719118104947))
+                                beta_1=0.9086575725261137, beta_2=0.9198719118104947),
+      global_batch_size=2048,
+      eval_batch_size=512,
+      train_epochs=20.0,
+  )
 
 
 def mini() -> TransformerConfig:

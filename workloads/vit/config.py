@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from mlbench.fields import DType, LrScaling, at_least, fraction, positive, require
+from mlbench.fields import DType, EpochConfig, LrScaling, at_least, fraction, positive, require
 from workloads.resnet50.config import Source, image_records
 
 
@@ -124,17 +124,9 @@ class OptimizerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class ViTConfig:
-  model: ModelConfig = ModelConfig()
-  data: DataConfig = DataConfig()
-  optimizer: OptimizerConfig = OptimizerConfig()
-  global_batch_size: int = 1024
-  eval_batch_size: int = 1024
-  train_epochs: float = 90.0
-
+class ViTConfig(EpochConfig[ModelConfig, DataConfig, OptimizerConfig]):
   def __post_init__(self):
-    at_least(self, 1, "global_batch_size", "eval_batch_size")
-    positive(self, "train_epochs")
+    super().__post_init__()
     size, patch = self.data.image_size, self.model.patch_size
     require(size % patch == 0, "model.patch_size", f"{patch} does not divide data.image_size "
             f"({size}) into a grid of patches; set a divisor of {size}")
@@ -145,7 +137,9 @@ def full() -> ViTConfig:
   docstring), bfloat16 activations and matmuls with float32 weights. big_vision trains on
   99% of the training split (the rest is its minival); here all of it is trained on and
   the 50,000 validation images are the evaluation set."""
-  return ViTConfig(model=ModelConfig(dtype=DType.BFLOAT16))
+  return ViTConfig(model=ModelConfig(dtype=DType.BFLOAT16), data=DataConfig(),
+                   optimizer=OptimizerConfig(), global_batch_size=1024, eval_batch_size=1024,
+                   train_epochs=90.0)
 
 
 def mini() -> ViTConfig:
