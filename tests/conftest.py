@@ -28,6 +28,21 @@ def pytest_configure(config):
   jax.config.update("jax_num_cpu_devices", DEVICES)
 
 
+# Fixtures of these names compile every mini once per process: the files that use them share
+# one xdist worker, not compile them twice.
+_SHARED_COMPILES = {"compiled", "compile_workload"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+  """Under pytest-xdist, a test file runs on one worker (its module fixtures are built
+  once), and the files that use the session's compiled minis on the same one."""
+  shared = {item.path for item in items if _SHARED_COMPILES & set(item.fixturenames)}
+  for item in items:
+    group = "compiled-minis" if item.path in shared else str(item.path)
+    item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _cache_dir(tmp_path_factory):
   cache = tmp_path_factory.mktemp("mlbench-cache")
