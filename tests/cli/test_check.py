@@ -29,6 +29,7 @@ def test_full_resnet50_on_a_data_parallel_pod_slice(mlbench, tmp_path):
   assert not list(tmp_path.iterdir())  # Nothing was written or run.
 
 
+@pytest.mark.slow  # Three checks, each compiling the mini's programs (about a minute).
 def test_weight_update_sharding_and_model_parallelism_show_in_the_report(mlbench, tmp_path):
   plain = json.loads(mlbench("check", "resnet50", "--cpu-devices", "8", "--json").stdout)
   wus = json.loads(mlbench("check", "resnet50", "--cpu-devices", "8", "--json",

@@ -144,7 +144,7 @@ def test_only_process_0_writes_and_loads_in_a_two_process_run(processes, tmp_pat
   # JAX writes entries from process 0 only (against contended writes on shared storage).
   assert leader["writes"] >= 2 and follower["writes"] == 0
   assert len(_entries(cache)) == leader["writes"]
-  leader2, follower2 = _two_process_check(cache, tmp_path)
+  leader2, follower2 = _two_process_check(processes, cache, tmp_path)
   assert leader2["hits"] == leader["writes"] and leader2["writes"] == follower2["writes"] == 0
   # Process 1 finds nothing on XLA:CPU: its key holds its own view of the devices'
   # topology (seen: only the accelerator_config part of the key differs), so it
