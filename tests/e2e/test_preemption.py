@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from mlbench import results, rules
+from telemetry_checks import check_scalars_and_trace  # tests/e2e/telemetry_checks.py
 
 pytestmark = pytest.mark.slow
 
@@ -84,9 +85,13 @@ def test_sigterm_then_resume_ends_exactly_like_the_uninterrupted_run(processes, 
                                                                      mlbench, official_check):
   whole, cut = tmp_path / "whole", tmp_path / "cut"
   whole.mkdir(), cut.mkdir()
-  out = mlbench(*ARGS, "--data-dir", str(data_dir), "--cpu-devices", "8", cwd=whole)
+  # The uninterrupted run also carries a profile (it changes no number): its TensorBoard
+  # scalars and trace are checked here rather than in a run of their own.
+  out = mlbench(*ARGS, "--data-dir", str(data_dir), "--cpu-devices", "8", "--profile", "5:3",
+                cwd=whole)
   assert out.returncode == 1, out.stderr[-3000:]  # One epoch is too short for the target.
   expected = json.loads(out.stdout.splitlines()[-1])
+  check_scalars_and_trace(whole, expected, out.stderr)
 
   folder, _ = _interrupted_run(processes, cut, data_dir, after_step=10)
   out = mlbench("run", "resnet50", "--resume", str(folder.relative_to(cut)), "--data-dir",

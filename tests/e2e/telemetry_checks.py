@@ -1,27 +1,23 @@
-"""A real mini run leaves TensorBoard scalars and, with --profile, a trace TensorBoard reads."""
+"""What a real mini run leaves for TensorBoard: scalars beside its log and, with
+`--profile 5:3`, a trace of steps 5-7. Checked on the uninterrupted one-epoch run of
+test_preemption (a run of its own would cost the suite another ResNet-50 mini start)."""
 
 from __future__ import annotations
 
-import json
+from pathlib import Path
 
 import pytest
 
-# One epoch of the ResNet-50 mini: whole steps of 64, an evaluation at the end.
-ARGS = ["run", "resnet50", "--set", "train_epochs=1", "--system", "cpu-test", "--seed", "3"]
 
-
-@pytest.mark.slow
-def test_profile_and_scalars_of_a_mini_run(mlbench, tmp_path, data_dir):
+def check_scalars_and_trace(cwd: Path, report: dict, stderr: str) -> None:
+  """`report`: the run's JSON line; one epoch of the ResNet-50 mini, whole steps of 64."""
   import jax
   import tensorflow as tf
   from tensorboard.backend.event_processing import event_accumulator as ea
 
-  out = mlbench(*ARGS, "--profile", "5:3", "--data-dir", str(data_dir), cwd=tmp_path)
-  assert out.returncode == 1, out.stderr[-3000:]  # one epoch is short of the target
-  report = json.loads(out.stdout.splitlines()[-1])
-  board = tmp_path / report["tensorboard"]
-  assert board.parent.parent.parent.parent == tmp_path / "results" / "runs"
-  assert f"TensorBoard: scalars and a trace of steps 5-7 in {report['tensorboard']}" in out.stderr
+  board = cwd / report["tensorboard"]
+  assert board.parent.parent.parent.parent == cwd / "results" / "runs"
+  assert f"TensorBoard: scalars and a trace of steps 5-7 in {report['tensorboard']}" in stderr
 
   # TensorBoard's own loader reads the scalars back, at the step of the evaluation.
   acc = ea.EventAccumulator(str(board), size_guidance={ea.TENSORS: 0})
