@@ -129,6 +129,7 @@ def test_an_unknown_slice_is_a_one_line_error(mlbench, tmp_path):
   assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_a_cpu_run_stays_quiet_with_libtpu_installed(mlbench, tmp_path):
   report = _check(mlbench, tmp_path, "resnet50", "--cpu-devices", "2")
   assert report["platform"] == "cpu" and report["prediction"] is None

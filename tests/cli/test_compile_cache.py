@@ -23,6 +23,7 @@ def _programs(report: dict) -> list:
           for p in report["programs"]]
 
 
+@pytest.mark.slow
 def test_a_second_process_loads_the_programs_the_first_compiled(mlbench, tmp_path):
   cache = tmp_path / "jax"
   first = mlbench(*_CHECK, "--compile-cache", str(cache))

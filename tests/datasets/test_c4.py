@@ -250,6 +250,7 @@ def test_run_refuses_a_half_prepared_set_before_it_starts(raw, tmp_path, capsys)
                         "as written, found 1 missing or changed") and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_one_train_step_of_llama_on_the_prepared_tokens(raw, tmp_path):
   """The full config's data path and model family, at the mini config's size (the vocabulary
   cut to the test tokenizer's), through the harness's compiled train step."""

@@ -114,6 +114,7 @@ def _losses(w, cfg, sched, programs, steps_=3):
   return np.array(out)
 
 
+@pytest.mark.slow
 def test_two_stages_train_like_data_parallelism_in_less_memory(llama):
   w, cfg, sched, programs = llama
   data_only, staged = programs[4], programs[8]
@@ -178,6 +179,7 @@ def test_a_plan_carries_the_microbatches_and_logs_the_stages():
   assert default.ctx.microbatches == 2  # as many as stages
 
 
+@pytest.mark.slow
 def test_moe_groups_of_layers_pipeline_with_their_routing_statistics():
   """The MoE LM's stack is groups of a dense and an MoE layer whose routing statistics
   (aux outputs) come back averaged over the microbatches; with an expert axis too."""

@@ -47,6 +47,7 @@ def resnet():
                              "eval_batch_size=16"], SPATIAL)
 
 
+@pytest.mark.slow
 def test_split_images_train_like_whole_ones(resnet):
   _, want, stats = resnet[1]
   for m in SPATIAL[1:]:
@@ -57,6 +58,7 @@ def test_split_images_train_like_whole_ones(resnet):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), got, stats)
 
 
+@pytest.mark.slow
 def test_halo_exchanges_and_activation_memory_per_device(resnet):
   temps = []
   for m in SPATIAL:

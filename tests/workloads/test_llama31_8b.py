@@ -104,6 +104,7 @@ def _small(layers: int):
   return override(config.mini(), [f"model.num_layers={layers}", "data.seq_length=16"])
 
 
+@pytest.mark.slow
 def test_remat_policies_give_the_same_gradients():
   cfg = _small(2)
   from workloads.llama31_8b import input_pipeline

@@ -82,6 +82,7 @@ def test_softmax_in_a_low_precision_has_the_softmax_gradient(dtype):
                              atol=1e-5 if dtype == jnp.float32 else 5e-2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["transformer", "bert"])
 def test_remat_full_recomputes_each_layer_and_changes_no_number(name):
   # model.remat=full wraps every layer in jax.checkpoint: the same parameters, loss and
