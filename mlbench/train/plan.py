@@ -156,9 +156,7 @@ def _parallelism(workload: Workload, config_name: str, cfg: Any, schedule: Sched
 def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | None = None) -> Plan:
   """Validates a run request and builds the shared plan (writes the system description)."""
   workload = registry.get(rc.workload)
-  name, cfg = config_lib.load(workload, rc.config)
-  overrides, harness = config_lib.split_overrides(rc.overrides)
-  cfg = config_lib.override(cfg, overrides)
+  name, cfg, harness = config_lib.configured(workload, rc.config, rc.overrides)
   cfg = _with_precision(cfg, name, rc.precision, runtime)
   ruleset = rc.ruleset or rules.default_ruleset(workload.benchmark, name, workload.rulesets)
   rule = rules.load(workload.benchmark, ruleset)
