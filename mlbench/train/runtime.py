@@ -130,6 +130,19 @@ def _accelerator_attached() -> bool:
               or glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd"))
 
 
+def cpu_only_without_accelerator() -> None:
+  """Before anything imports JAX: with no accelerator attached, JAX's platforms are the
+  CPU's (JAX_PLATFORMS=cpu) for this process and those it starts, whatever a command
+  imports. libtpu (installed for `mlbench check --topology`) otherwise brings up a TPU
+  client at JAX's first device query and prints "Failed to find host bounds ...
+  TPU_ACCELERATOR_TYPE" and an INVALID_ARGUMENT line on stderr. An explicit JAX_PLATFORMS
+  is left alone, as is a process where JAX already runs (a test calling `main`).
+  """
+  if os.environ.get("JAX_PLATFORMS") or "jax" in sys.modules or _accelerator_attached():
+    return
+  os.environ["JAX_PLATFORMS"] = "cpu"
+
+
 def _pin_cpu_without_accelerator() -> None:
   """With no accelerator attached, run on the CPU platform only.
 
