@@ -172,6 +172,7 @@ def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | Non
                                               harness.pipeline))
   hparams = {**harness_hparams(schedule), **_random_start(workload.start, cfg),
              **workload.hparams(cfg, schedule, ctx)}
+  _closed_architecture(workload, cfg, rule, rc.division)
   problems = rule.problems(hparams, closed=rc.division is Division.CLOSED)
   if problems:
     raise UserError(f"{workload.name} ({name}) breaks the {rule.ruleset} {rule.benchmark} rules: "
@@ -187,6 +188,20 @@ def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | Non
               hparams=hparams, system=system, system_desc=description, data_dir=rc.data_dir,
               points=eval_points(schedule, rule),
               pipeline=data.PipelineOptions(deterministic=rc.input_mode is InputMode.DETERMINISTIC))
+
+
+def _closed_architecture(workload: Workload, cfg: Any, rule: rules.Rule,
+                         division: Division) -> None:
+  """A closed run under an MLPerf round's rules trains the benchmark's model: a config
+  switched to another architecture (`mlbench.fields.switch`) is an open-division run, or
+  one under unofficial rules."""
+  switched = fields.switched(cfg) if rule.official and division is Division.CLOSED else []
+  if switched:
+    sets = ", ".join(f"{key}={value}" for key, value, _ in switched)
+    ours = ", ".join(f"{key}={reference}" for key, _, reference in switched)
+    raise UserError(f"{sets} is not the model of the closed {rule.ruleset} {rule.benchmark} "
+                    f"benchmark ({workload.name}'s has {ours}): use --division open, or "
+                    "--ruleset mini")
 
 
 def start_path(start: StartPoint | None, cfg: Any) -> str:
