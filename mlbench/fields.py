@@ -10,9 +10,9 @@ path in front of the key (`attention_chunk` -> `model.attention_chunk`).
 Every top-level config extends `WorkloadConfig` (or `EpochConfig`), which owns its
 sections and the batch sizes and their checks. A few fields mean the same in every config that has them, and the
 harness reads or sets them by their typed value (`Field`): the compute dtype
-(`--precision`), the remat policy and scanned layers (hints in messages). Fields marked as
-architecture switches (`switch`) are refused away from the reference by closed runs under
-MLPerf rules. This module imports nothing heavy.
+(`--precision`), the remat policy and scanned layers (hints in messages), the examples per
+batch-norm group. Fields marked as architecture switches (`switch`) are refused away from
+the reference by closed runs under MLPerf rules. This module imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -216,6 +216,12 @@ def switch(reference: Any) -> Any:
   return dataclasses.field(default=reference, metadata={"switch": True})
 
 
+def provisional(value: Any, why: str) -> Any:
+  """A config field whose default has no source yet (`why` says what is missing): while a
+  config keeps that value, `describe` and `check`'s time to train say it is provisional."""
+  return dataclasses.field(default=value, metadata={"provisional": why})
+
+
 def _marked(cfg: Any, mark: str, prefix: str = "") -> list[tuple[str, Any, Any, Any]]:
   """(key, value, default, the mark's note) of each field of the tree `cfg` with `mark`."""
   out = []
@@ -237,6 +243,18 @@ def switched(cfg: Any) -> list[tuple[str, Any, Any]]:
   reference value, enums as their values."""
   return [(key, _shown(value), _shown(default))
           for key, value, default, _ in _marked(cfg, "switch") if value != default]
+
+
+def provisionals(cfg: Any) -> dict[str, tuple[Any, str]]:
+  """{key: (value, what its source lacks)} of each `provisional` field of `cfg` still at
+  its unsourced default."""
+  return {key: (_shown(value), why) for key, value, default, why in _marked(cfg, "provisional")
+          if value == default}
+
+
+BN_GROUP_EXAMPLES = Field("model.bn_group_examples", int)
+"""Examples a batch-norm group normalises over (0: the whole global batch); the harness
+turns it into groups of data-parallel devices unless --bn-group-size says otherwise."""
 
 
 PRECISION = Field("model.dtype", DType)

@@ -167,7 +167,7 @@ def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | Non
   schedule = workload.schedule(cfg)
   mesh = mesh_lib.make_mesh(dict(rc.mesh) if rc.mesh else None, devices=runtime.devices)
   _check_batches(schedule, runtime, mesh)
-  ctx = StepContext(mesh=mesh, bn_groups=_bn_groups(rc.bn_group_size, mesh, schedule),
+  ctx = StepContext(mesh=mesh, bn_groups=_bn_groups(rc.bn_group_size, mesh, schedule, cfg),
                     microbatches=_parallelism(workload, name, cfg, schedule, mesh,
                                               harness.pipeline))
   hparams = {**harness_hparams(schedule), **_random_start(workload.start, cfg),
@@ -260,11 +260,22 @@ def _with_precision(cfg: Any, config_name: str, precision: str | None, runtime: 
   return fields.PRECISION.set(cfg, fields.DType(precision))
 
 
-def _bn_groups(group_size: int | None, mesh: Any, schedule: Schedule) -> int:
-  """Batch-norm groups from --bn-group-size (data-parallel devices per group)."""
+def _bn_groups(group_size: int | None, mesh: Any, schedule: Schedule, cfg: Any) -> int:
+  """Batch-norm groups: from --bn-group-size (data-parallel devices per group), else from
+  the config's examples per group (`model.bn_group_examples`, 0 or absent: one group),
+  as EfficientNet's reference groups its replicas: max(1, examples / per-device batch)
+  devices a group (tensorflow/tpu efficientnet utils.py, DistributedBatchNormalization),
+  here the largest divisor of the data-parallel devices up to that."""
   devices = mesh_lib.data_size(mesh)
   if group_size is None:
-    return 1
+    examples = fields.BN_GROUP_EXAMPLES.get(cfg) or 0
+    per_device = schedule.global_batch_size // (devices * schedule.gradient_accumulation_steps)
+    if not examples or not per_device:
+      return 1
+    group_size = max(1, min(devices, examples // per_device))
+    while devices % group_size:
+      group_size -= 1
+    return devices // group_size
   if group_size < 1 or devices % group_size:
     raise UserError(f"--bn-group-size {group_size} must divide the {devices} data-parallel "
                     "devices")
