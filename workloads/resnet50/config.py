@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from mlbench.fields import DType, EpochConfig, at_least, fraction, interval, positive, require
+from mlbench.fields import AttentionImpl, DType, EpochConfig, at_least, fraction, interval, positive, require
 
 
 class Stem(enum.Enum):
@@ -55,6 +55,8 @@ class ModelConfig:
   zero_init_last_bn: bool = False  # True: last BN scale of a block starts at 0 (not reference)
   block: Block = Block.BOTTLENECK  # of the last stage
   attention_heads: int = 4         # of its MHSA, with block=bottleneck_transformer
+  # Which implementation computes that MHSA (mlbench.train.attention): auto, xla, ...
+  attention: AttentionImpl = AttentionImpl.AUTO
   dtype: DType = DType.FLOAT32    # activations and convolutions; parameters stay float32
 
   def __post_init__(self):
