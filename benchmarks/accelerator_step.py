@@ -31,6 +31,7 @@ import argparse
 import json
 import statistics
 import time
+from typing import Any
 
 WORKLOADS = ("resnet50", "bert", "transformer", "ssd", "moe", "llama31_8b")
 
@@ -41,13 +42,15 @@ FULL_BATCH = {"resnet50": 256, "bert": 32, "transformer": 256, "ssd": 32, "moe":
 FULL_REDUCED = {"moe": ("model.num_layers=4",), "llama31_8b": ("model.num_layers=4",)}
 
 
-def config_for(name: str, config: str, precision: str, batch: int | None):
-  """The workload, its config at `precision` and the batch, with the full-config cuts."""
+def config_for(name: str, config: str, precision: str, batch: int | None,
+               more: tuple[str, ...] | list[str] = ()):
+  """The workload, its config at `precision` and the batch, with the full-config cuts
+  and `more` overrides."""
   from mlbench import config as config_lib, registry
 
   w = registry.get(name)
   _, cfg = config_lib.load(w, config)
-  sets = [f"model.dtype={precision}"]
+  sets = [f"model.dtype={precision}", *more]
   if config == "full":
     sets += FULL_REDUCED.get(name, ())
     batch = batch or FULL_BATCH[name]
@@ -103,10 +106,20 @@ def main() -> None:
   ap.add_argument("--steps", type=int, default=10)
   ap.add_argument("--warmup", type=int, default=3)
   ap.add_argument("--json", action="store_true", help="one JSON line per row instead of a table")
+  ap.add_argument("--attention", action="append", choices=("auto", "xla", "cudnn", "pallas"),
+                  help="repeatable: rows per attention implementation (model.attention) of "
+                       "the attention workloads [default: auto]")
+  ap.add_argument("--no-peers", action="store_true",
+                  help="skip the PyTorch peers (benchmarks/peers.py; run where torch, "
+                       "torchvision and transformers are installed)")
   ap.add_argument("--compile-cache", default="off", metavar="DIR|off",
                   help="JAX's persistent compilation cache: off (the default here, so the "
                        "compile column measures compiles) or a folder")
   args = ap.parse_args()
+  names = args.workload or WORKLOADS
+  precisions = args.precision or ("bfloat16", "float32")
+  # The peers first, each in its own process, before JAX takes the accelerator's memory.
+  peer_rows = {} if args.no_peers else run_peers(names, precisions, args)
 
   from mlbench import config as config_lib
   from mlbench.train import mfu, runtime
@@ -123,28 +136,104 @@ def main() -> None:
         f"peak {peak.flops_per_s / 1e12:,.2f} TFLOP/s ({peak.source}); bf16 matmul "
         f"{bf16 / 1e12:,.2f} TFLOP/s")
   if not args.json:
-    print("| workload | config | precision | batch | step ms | samples/s | GFLOP/example | "
-          "MFU | x bf16 matmul | compile s | step GB |\n" + "|---" * 11 + "|")
-  for name in args.workload or WORKLOADS:
-    for precision in args.precision or ("bfloat16", "float32"):
-      w, cfg = config_for(name, config, precision, args.batch)
-      try:
-        row = time_step(w, cfg, args.steps, args.warmup)
-      except Exception as e:  # One row's failure (e.g. out of memory) must not end the table.
-        print(f"| {name} | {config} | {precision} | | failed: {type(e).__name__}: "
-              f"{str(e).splitlines()[0][:120]} |")
-        continue
-      rate = row["samples_per_s"] * row["flops_per_example"]
-      row |= {"workload": name, "config": config, "precision": precision,
-              "mfu": rate / peak.flops_per_s, "vs_bf16_matmul": rate / bf16}
-      if args.json:
-        print(json.dumps(row))
-        continue
-      gb = "" if row["step_bytes"] is None else f"{row['step_bytes'] / 1e9:.2f}"
-      print(f"| {name} | {config} | {precision} | {row['batch']} | {row['step_ms']:.1f} | "
-            f"{row['samples_per_s']:,.1f} | {row['flops_per_example'] / 1e9:,.3f} | "
-            f"{100 * row['mfu']:.1f}% | {row['vs_bf16_matmul']:.3f} | {row['compile_s']:.0f} | "
-            f"{gb} |", flush=True)
+    print("| workload | config | precision | attention | batch | step ms | samples/s | "
+          "GFLOP/example | MFU | x bf16 matmul | compile s | step GB |\n" + "|---" * 12 + "|")
+  for name in names:
+    for precision in precisions:
+      for attention in _attentions(name, args.attention):
+        row = _row(name, config, precision, attention, args, peak.flops_per_s, bf16)
+        _print_row(row, args.json)
+        peer = peer_rows.get((name, precision))
+        if peer and row.get("samples_per_s"):
+          _print_peer(peer | {"workload": name, "precision": precision}, row,
+                      peak.flops_per_s, args.json)
+
+
+ATTENTION = ("bert", "transformer", "moe", "llama31_8b")  # workloads with model.attention
+
+
+def _attentions(name: str, wanted: list[str] | None) -> list[str | None]:
+  return list(wanted or ["auto"]) if name in ATTENTION else [None]
+
+
+def _row(name: str, config: str, precision: str, attention: str | None, args: Any,
+         peak: float, bf16: float) -> dict:
+  """One measured row, or one that says why it failed (e.g. out of memory)."""
+  more = () if attention is None else (f"model.attention={attention}",)
+  row = {"workload": name, "config": config, "precision": precision,
+         "attention": attention or "-"}
+  try:
+    w, cfg = config_for(name, config, precision, args.batch, more)
+    row |= time_step(w, cfg, args.steps, args.warmup)
+  except Exception as e:  # One row's failure must not end the table.
+    return row | {"failed": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+  rate = row["samples_per_s"] * row["flops_per_example"]
+  return row | {"mfu": rate / peak, "vs_bf16_matmul": rate / bf16}
+
+
+def _print_row(row: dict, as_json: bool) -> None:
+  if as_json:
+    print(json.dumps(row), flush=True)
+    return
+  head = f"| {row['workload']} | {row['config']} | {row['precision']} | {row['attention']} |"
+  if "failed" in row:
+    print(f"{head} | failed: {row['failed']} |", flush=True)
+    return
+  gb = "" if row["step_bytes"] is None else f"{row['step_bytes'] / 1e9:.2f}"
+  print(f"{head} {row['batch']} | {row['step_ms']:.1f} | {row['samples_per_s']:,.1f} | "
+        f"{row['flops_per_example'] / 1e9:,.3f} | {100 * row['mfu']:.1f}% | "
+        f"{row['vs_bf16_matmul']:.3f} | {row['compile_s']:.0f} | {gb} |", flush=True)
+
+
+def _print_peer(peer: dict, row: dict, peak: float, as_json: bool) -> None:
+  """The peer's row, with its MFU from mlbench's analytic FLOPs and mlbench's ratio to it."""
+  if "failed" in peer:
+    print(f"| {peer['workload']} peer | | {peer['precision']} | | failed: {peer['failed']} |")
+    return
+  peer = peer | {"mfu": peer["samples_per_s"] * row["flops_per_example"] / peak,
+                 "mlbench_over_peer": row["samples_per_s"] / peer["samples_per_s"]}
+  if as_json:
+    print(json.dumps(peer), flush=True)
+    return
+  gb = "" if peer["peak_bytes"] is None else f"{peer['peak_bytes'] / 1e9:.2f}"
+  print(f"| {peer['peer']} (torch {peer['torch']}, compiled) | | {peer['precision']} | | "
+        f"{peer['batch']} | {peer['step_ms']:.1f} | {peer['samples_per_s']:,.1f} | | "
+        f"{100 * peer['mfu']:.1f}% | mlbench / peer: **{peer['mlbench_over_peer']:.2f}x** | "
+        f"{peer['compile_s']:.0f} | {gb} |", flush=True)
+
+
+def run_peers(names: list[str], precisions: tuple[str, ...], args: Any) -> dict:
+  """{(workload, precision): the PyTorch peer's row} from `peers.py` subprocesses; empty
+  where torch, torchvision or transformers is missing."""
+  import subprocess
+  import sys
+  from pathlib import Path
+
+  import peers
+
+  if not peers.available():
+    print("# peers skipped: PyTorch, torchvision and transformers are not all installed")
+    return {}
+  here, out = Path(__file__).parent, {}
+  config = args.config or _default_config()
+  for name in (n for n in names if n in peers.PEERS):
+    for precision in precisions:
+      cmd = [sys.executable, str(here / "peers.py"), "--workload", name, "--config", config,
+             "--precision", precision, "--steps", str(args.steps), "--warmup", str(args.warmup)]
+      if args.batch:
+        cmd += ["--batch", str(args.batch)]
+      done = subprocess.run(cmd, capture_output=True, text=True, cwd=here)
+      lines = done.stdout.strip().splitlines()
+      out[name, precision] = (json.loads(lines[-1]) if done.returncode == 0 and lines else
+                              {"failed": (done.stderr.strip().splitlines() or ["?"])[-1][:160]})
+  return out
+
+
+def _default_config() -> str:
+  """full where an accelerator is attached (the runtime's test), else mini."""
+  from mlbench.train import runtime
+
+  return "full" if runtime._accelerator_attached() else "mini"
 
 
 if __name__ == "__main__":

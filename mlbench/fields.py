@@ -42,6 +42,16 @@ class Remat(enum.Enum):
   FULL = "full"  # keep only each layer's input, recompute the layer in the backward pass
 
 
+class AttentionImpl(enum.Enum):
+  """Which implementation computes attention (`mlbench.train.attention`): chosen per
+  platform and shape, or forced (a forced one that cannot serve a shape is an error)."""
+
+  AUTO = "auto"      # the fused kernel where it can serve the shape, XLA elsewhere
+  XLA = "xla"        # XLA's own (unfused: the L x S scores are materialised)
+  CUDNN = "cudnn"    # cuDNN's fused flash attention (GPUs)
+  PALLAS = "pallas"  # the Pallas TPU kernels: splash attention, flash attention with a bias
+
+
 class LrScaling(enum.Enum):
   """How a learning rate given for `base_batch_size` moves to the global batch
   (`mlbench.train.optim.scale_for_batch`)."""

@@ -26,6 +26,7 @@ ALLOWED = {"base": set(), "cli": {"cli", "train", "pod", "verify", "datasets"},
 # mlbench.train, the loop, the clock, steps, ..., belongs to the harness) and the one
 # TFRecord writer, which writes the mini datasets as `mlbench data` writes the full ones.
 PLUGIN_HELPERS = {"mlbench.train.data", "mlbench.train.optim", "mlbench.train.layers",
+                  "mlbench.train.attention",
                   "mlbench.datasets.records"}
 HEAVY = ("jax", "jaxlib", "flax", "optax", "tensorflow")
 

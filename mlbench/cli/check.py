@@ -153,6 +153,8 @@ def _print(report, console) -> None:
   console.print("train step matmul/conv inputs: " + ", ".join(
       f"{k} {v}" for k, v in sorted(train.matmul_input_dtypes.items())) + "; parameters: " +
       ", ".join(f"{k} {v}" for k, v in sorted(report.param_dtypes.items())), highlight=False)
+  for line in report.attention:  # which kernel each attention runs on, and why
+    console.print("attention, " + line, highlight=False)
   _print_unreadable(report, console)
   if report.hbm_bytes_per_device:
     _print_fit(report, console)

@@ -71,6 +71,7 @@ class CheckReport:
   prediction: predict_lib.Prediction | None = None
   param_dtypes: dict[str, int] = dataclasses.field(default_factory=dict)
   opt_state_dtypes: dict[str, int] = dataclasses.field(default_factory=dict)
+  attention: tuple[str, ...] = ()  # one line per program and kind of attention call
 
   @property
   def peak_bytes(self) -> int:
@@ -233,7 +234,8 @@ def dry_run(plan: Any, *, topology: str | None = None,
       programs=reports, global_batch_size=plan.gbs, device_kind=device.device_kind,
       topology=topology, accelerator=None if acc is None else acc.name,
       hbm_bytes_per_device=None if acc is None else acc.device_hbm_bytes, prediction=prediction,
-      param_dtypes=_dtypes(params), opt_state_dtypes=_dtypes(jax.eval_shape(plan.tx.init, params)))
+      param_dtypes=_dtypes(params), opt_state_dtypes=_dtypes(jax.eval_shape(plan.tx.init, params)),
+      attention=tuple(used.line() for used in programs.attention))
 
 
 def _dtypes(tree: Any) -> dict[str, int]:

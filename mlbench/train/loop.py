@@ -100,6 +100,8 @@ def run_once(plan: Plan, seed: int, log: MLLog, progress: RunProgress,
                                     plan.tx, weight_update_sharding=plan.rc.weight_update_sharding)
   result.opt_state_bytes = programs.opt_state_bytes
   result.train_cost = _cost(programs.train)
+  for used in programs.attention:  # which kernel each attention runs on, and why
+    log.event("mlbench_attention", used.choice.implementation.value, used.to_json())
   start, sums = 0, None
   if saver is not None and saver.resuming:
     state, start, sums = saver.restore(plan, programs, clock, log)
@@ -130,6 +132,8 @@ def _log_setup(plan: Plan, seed: int, log: MLLog) -> None:
   # Not an MLPerf key (the checker ignores unknown keys): tells validate and
   # compare which rules this log follows, which they otherwise infer from dates.
   log.event("mlbench_ruleset", plan.rule.ruleset)
+  if plan.runtime.xla_flags:  # what the harness set for the platform (never the user's own)
+    log.event("mlbench_xla_flags", " ".join(plan.runtime.xla_flags))
   stages = pipeline.stage_count(plan.mesh)
   if stages > 1:  # The schedule whose bubble every step's time includes (never off the clock).
     log.event("mlbench_pipeline", stages, {

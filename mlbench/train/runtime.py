@@ -23,6 +23,7 @@ class Runtime:
   process_count: int
   devices: list[Any]
   local_devices: list[Any]
+  xla_flags: tuple[str, ...] = ()  # what setup added to XLA_FLAGS (GPU_XLA_FLAGS on GPUs)
 
   @property
   def is_leader(self) -> bool:
@@ -143,6 +144,33 @@ def cpu_only_without_accelerator() -> None:
   os.environ["JAX_PLATFORMS"] = "cpu"
 
 
+GPU_XLA_FLAGS = ("--xla_gpu_enable_latency_hiding_scheduler=true",)
+"""XLA flags a run on GPUs gets: the latency-hiding scheduler overlaps collectives with
+compute (NVIDIA's JAX container sets it, docs.nvidia.com/jax-toolbox/environment-variables;
+MaxText's GPU recipes too). Data: add a flag here once a benchmark shows it helps."""
+
+
+def _gpu_xla_flags() -> tuple[str, ...]:
+  """Appends `GPU_XLA_FLAGS` to XLA_FLAGS on a host with an NVIDIA GPU, before XLA starts,
+  except those the user's XLA_FLAGS already sets; returns the ones added."""
+  import glob
+
+  from jax._src import xla_bridge
+
+  if not glob.glob("/dev/nvidia[0-9]*") or xla_bridge.backends_are_initialized():
+    return ()
+  os.environ["XLA_FLAGS"], added = with_flags(os.environ.get("XLA_FLAGS", ""), GPU_XLA_FLAGS)
+  return added
+
+
+def with_flags(present: str, flags: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+  """(`present` XLA_FLAGS with those of `flags` it does not set, the flags added): a flag
+  the user set, to any value, stays theirs."""
+  names = {f.split("=")[0] for f in present.split()}
+  added = tuple(f for f in flags if f.split("=")[0] not in names)
+  return " ".join([present, *added]).strip(), added
+
+
 def _pin_cpu_without_accelerator() -> None:
   """With no accelerator attached, run on the CPU platform only.
 
@@ -177,6 +205,7 @@ def setup(*, cpu_devices: int | None = None, distributed: Distributed = Distribu
   from mlbench.train import compile_cache as compile_cache_lib
 
   _pin_cpu_without_accelerator()
+  xla_flags = _gpu_xla_flags()
   if cpu_devices is not None:
     if cpu_devices < 1:
       raise UserError(f"--cpu-devices must be >= 1, got {cpu_devices}")
@@ -189,7 +218,7 @@ def setup(*, cpu_devices: int | None = None, distributed: Distributed = Distribu
   compile_cache_lib.configure(compile_cache)
   _start_distributed(distributed)
   return Runtime(process_index=jax.process_index(), process_count=jax.process_count(),
-                 devices=jax.devices(), local_devices=jax.local_devices())
+                 devices=jax.devices(), local_devices=jax.local_devices(), xla_flags=xla_flags)
 
 
 def any_process(flag: bool) -> bool:

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from mlbench.train import data, mesh as mesh_lib, sharding
+from mlbench.train import attention, data, mesh as mesh_lib, sharding
 from mlbench.workload import Batch, Schedule, Split, StepContext, Workload
 
 
@@ -48,6 +48,7 @@ class Programs:
   eval_spec: Mapping[str, jax.ShapeDtypeStruct]
   opt_state_bytes: int = 0             # optimizer state one device holds
   opt_state_bytes_replicated: int = 0  # the whole optimizer state
+  attention: tuple[attention.Used, ...] = ()  # what each program's attention runs on
 
   def fresh_sums(self) -> dict[str, jax.Array]:
     """Zeroed train-metric accumulators (the train step donates them)."""
@@ -187,11 +188,15 @@ def compile_programs(workload: Workload, cfg: Any, schedule: Schedule, mesh: Any
   sums_in = {k: jax.ShapeDtypeStruct((), jnp.float32, sharding=rep) for k in names}
 
   init_c = jax.jit(init, out_shardings=state_sh).lower(rng_spec).compile()
-  train_lowered = jax.jit(train, in_shardings=(state_sh, sums_sh, batch_sh),
-                          out_shardings=(state_sh, sums_sh),
-                          donate_argnums=(0, 1)).lower(state_in, sums_in, train_spec)
-  eval_c = jax.jit(eval_fn(workload, cfg, ctx), in_shardings=(state_sh, batch_sh),
-                   out_shardings=batch_sh).lower(state_in, eval_spec).compile()
+  with attention.recording() as used:
+    with attention.program("train step", mesh):
+      train_lowered = jax.jit(train, in_shardings=(state_sh, sums_sh, batch_sh),
+                              out_shardings=(state_sh, sums_sh),
+                              donate_argnums=(0, 1)).lower(state_in, sums_in, train_spec)
+    with attention.program("eval step", mesh):
+      eval_lowered = jax.jit(eval_fn(workload, cfg, ctx), in_shardings=(state_sh, batch_sh),
+                             out_shardings=batch_sh).lower(state_in, eval_spec)
+  eval_c = eval_lowered.compile()
   train_c = train_lowered.compile()
   return Programs(init=init_c, train=train_c, eval=eval_c, state_sharding=state_sh,
                   metric_names=tuple(names), sums_sharding=sums_sh,
@@ -199,7 +204,8 @@ def compile_programs(workload: Workload, cfg: Any, schedule: Schedule, mesh: Any
                   eval_spec=eval_spec,
                   opt_state_bytes=sharding.bytes_per_device(state_shapes.opt_state,
                                                             state_sh.opt_state),
-                  opt_state_bytes_replicated=_nbytes(state_shapes.opt_state))
+                  opt_state_bytes_replicated=_nbytes(state_shapes.opt_state),
+                  attention=tuple(used))
 
 
 def _nbytes(tree: Any) -> int:

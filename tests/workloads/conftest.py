@@ -34,9 +34,12 @@ class Compiled:
     return self.programs.train(state, self.programs.fresh_sums(), device_batch)
 
 
-def compile_mini(w: Workload, devices: Any = None) -> Compiled:
-  """The workload's mini config compiled for `devices` (default: all 8) on one data axis."""
-  cfg = w.configs["mini"]()
+def compile_mini(w: Workload, devices: Any = None, sets: tuple[str, ...] = ()) -> Compiled:
+  """The workload's mini config (with `--set` overrides `sets`) compiled for `devices`
+  (default: all 8) on one data axis."""
+  from mlbench import config as config_lib
+
+  cfg = config_lib.override(w.configs["mini"](), list(sets)) if sets else w.configs["mini"]()
   sched = w.schedule(cfg)
   mesh = mesh_lib.make_mesh(devices=devices)
   ctx = StepContext(mesh=mesh)

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from mlbench.train import attention
 from workloads.llama31_8b import config, model, train
 
 
@@ -185,9 +186,10 @@ def test_chunked_attention_is_causal_attention():
   rng = np.random.default_rng(4)
   q = jnp.asarray(rng.normal(size=(2, 16, 4, 8)), jnp.float32)
   k, v = (jnp.asarray(rng.normal(size=(2, 16, 2, 8)), jnp.float32) for _ in range(2))
-  whole = model.causal_attention(q, k, v)
-  np.testing.assert_allclose(model.causal_attention(q, k, v, chunk=4), whole, rtol=1e-5, atol=1e-6)
-  g = lambda c: jax.grad(lambda q: (model.causal_attention(q, k, v, chunk=c) ** 2).sum())(q)
+  whole = attention.xla.attend(q, k, v, causal=True)
+  np.testing.assert_allclose(attention.xla.attend(q, k, v, causal=True, chunk=4), whole, rtol=1e-5,
+                             atol=1e-6)
+  g = lambda c: jax.grad(lambda q: (attention.xla.attend(q, k, v, causal=True, chunk=c) ** 2).sum())(q)
   np.testing.assert_allclose(g(4), g(0), rtol=1e-4, atol=1e-5)
 
 

@@ -1,5 +1,6 @@
-"""The shared transformer blocks (`workloads.common.transformer`): both attention paths
-compute the same attention, and the low-precision softmax has softmax's gradient."""
+"""The shared transformer blocks (`workloads.common.transformer`) and the XLA attention they
+run on CPUs (`mlbench.train.attention`): both XLA paths (with and without dropout) compute
+the same attention, and the low-precision softmax has softmax's gradient."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from mlbench.train import attention
 from workloads.common import transformer as blocks
 
 
@@ -23,8 +25,9 @@ def _reference(q, k, v, bias):
 def _qkv_bias(dtype):
   rng = np.random.default_rng(0)
   q, k, v = (jnp.asarray(rng.standard_normal((2, 6, 3, 8)), dtype) for _ in range(3))
-  mask = np.array([[1] * 6, [1] * 4 + [0] * 2])  # the second row's last 2 keys are padding
-  bias = blocks.padding_bias(jnp.asarray(mask)) + blocks.causal_bias(6)
+  lengths = jnp.asarray([6, 4])  # the second row's last 2 keys are padding
+  allowed = attention.allowed_mask(6, 6, causal=True, kv_lengths_B=lengths)
+  bias = jnp.where(allowed, 0.0, attention.NEG_INF).astype(jnp.float32)
   return q, k, v, bias
 
 
@@ -36,7 +39,7 @@ def test_the_dropout_path_and_the_fused_path_compute_the_same_attention(dtype, t
   q, k, v, bias = _qkv_bias(dtype)
 
   def explicit(q, k, v):
-    return blocks.attention_with_dropout(q, k, v, bias, lambda probs: probs)
+    return attention.attention_with_dropout(q, k, v, bias, lambda probs: probs)
 
   def fused(q, k, v):
     return jax.nn.dot_product_attention(q, k, v, bias=bias)
@@ -54,18 +57,18 @@ def test_the_dropout_path_and_the_fused_path_compute_the_same_attention(dtype, t
 
 
 def test_attention_dropout_drops_probabilities_only_in_training():
-  *_, bias = _qkv_bias(jnp.float32)
-  attention = blocks.Attention(num_heads=3, head_dim=8, dropout=0.1)
+  layer = blocks.Attention(num_heads=3, head_dim=8, dropout=0.1, causal=True)
   x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 6, 24)), jnp.float32)
-  params = attention.init(jax.random.key(0), x)
-  run = lambda det, seed: attention.apply(params, x, bias_B1LS=bias, deterministic=det,
-                                          rngs={"dropout": jax.random.key(seed)})
+  params = layer.init(jax.random.key(0), x)
+  masks = {"kv_lengths_B": jnp.asarray([6, 4])}
+  run = lambda det, seed: layer.apply(params, x, masks=masks, deterministic=det,
+                                      rngs={"dropout": jax.random.key(seed)})
   np.testing.assert_array_equal(run(True, 0), run(True, 1))
   assert not np.allclose(run(False, 0), run(False, 1))
   # Dropout rescales what it keeps: averaged over many masks, the output is the
   # deterministic one (per element, 1,000 masks: a standard error of about 0.01).
-  many = jax.vmap(lambda key: attention.apply(params, x, bias_B1LS=bias, deterministic=False,
-                                              rngs={"dropout": key}))
+  many = jax.vmap(lambda key: layer.apply(params, x, masks=masks, deterministic=False,
+                                          rngs={"dropout": key}))
   mean = many(jax.random.split(jax.random.key(2), 1000)).mean(0)
   np.testing.assert_allclose(mean, run(True, 0), atol=0.05)
 
@@ -74,9 +77,9 @@ def test_attention_dropout_drops_probabilities_only_in_training():
 def test_softmax_in_a_low_precision_has_the_softmax_gradient(dtype):
   logits = jnp.asarray(np.random.default_rng(2).standard_normal((3, 4, 9)) * 3, jnp.float32)
   weights = jnp.arange(9.0)
-  got = jax.grad(lambda z: (blocks.softmax_in(z, dtype).astype(jnp.float32) * weights).sum())
+  got = jax.grad(lambda z: (attention.softmax_in(z, dtype).astype(jnp.float32) * weights).sum())
   want = jax.grad(lambda z: (jax.nn.softmax(z) * weights).sum())
-  assert blocks.softmax_in(logits, dtype).dtype == dtype
+  assert attention.softmax_in(logits, dtype).dtype == dtype
   assert got(logits).dtype == jnp.float32
   np.testing.assert_allclose(got(logits), want(logits),
                              atol=1e-5 if dtype == jnp.float32 else 5e-2)

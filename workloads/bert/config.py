@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from mlbench.fields import (WorkloadConfig, DType, Remat, at_least, divides, fraction, positive, remat_choices,
+from mlbench.fields import (AttentionImpl, WorkloadConfig, DType, Remat, at_least, divides, fraction, positive, remat_choices,
                             require)
 
 
@@ -39,6 +39,9 @@ class ModelConfig:
   initializer_range: float = 0.02
   layer_norm_epsilon: float = 1e-12
   dtype: DType = DType.FLOAT32  # activations and matmuls; parameters stay float32
+  # Which implementation computes attention (mlbench.train.attention): auto picks the fused
+  # kernel the platform has where it can serve the shape (cuDNN on GPUs, Pallas on TPUs).
+  attention: AttentionImpl = AttentionImpl.AUTO
   remat: Remat = Remat.NONE
   # The layers as one scanned stack (parameters under `layers/layer/...`, stacked on a
   # leading axis): one layer's program to compile, and pipeline stages (--mesh stage=S).

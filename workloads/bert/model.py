@@ -43,15 +43,18 @@ def _dtype(cfg: ModelConfig) -> Any:
 
 class Layer(nn.Module):
   cfg: ModelConfig
+  mesh: Any = None
 
   @nn.compact
-  def __call__(self, x_BLH: jax.Array, bias_B11L: jax.Array, deterministic: bool) -> jax.Array:
+  def __call__(self, x_BLH: jax.Array, lengths_B: jax.Array, deterministic: bool) -> jax.Array:
     c = self.cfg
     norm = functools.partial(nn.LayerNorm, epsilon=c.layer_norm_epsilon, dtype=_dtype(c))
     drop = functools.partial(nn.Dropout(c.dropout), deterministic=deterministic)
     attended = blocks.Attention(c.num_heads, c.hidden_size // c.num_heads, dropout=c.dropout,
-                                dtype=_dtype(c), kernel_init=_init(c), name="attention")(
-                                    x_BLH, bias_B1LS=bias_B11L, deterministic=deterministic)
+                                dtype=_dtype(c), kernel_init=_init(c),
+                                implementation=c.attention, mesh=self.mesh, name="attention")(
+                                    x_BLH, masks={"kv_lengths_B": lengths_B},
+                                    deterministic=deterministic)
     x_BLH = norm(name="attention_layer_norm")(x_BLH + drop(attended))
     out_BLH = blocks.Mlp(c.intermediate_size, activation=gelu, dtype=_dtype(c),
                          kernel_init=_init(c), name="mlp")(x_BLH)
@@ -80,19 +83,21 @@ class Bert(nn.Module):
              + embed(c.type_vocab_size, name="token_type_embeddings")(batch["segment_ids"]))
     x_BLH = nn.LayerNorm(epsilon=c.layer_norm_epsilon, name="embeddings_layer_norm")(x_BLH)
     x_BLH = nn.Dropout(c.dropout)(x_BLH, deterministic=deterministic).astype(_dtype(c))
-    bias_B11L = blocks.padding_bias(batch["input_mask"])
+    # The reference's records are padded on the right: input_mask is 1 for the first
+    # `length` tokens, so padding is a length (which the fused kernels skip).
+    lengths_B = batch["input_mask"].sum(-1).astype(jnp.int32)
     # Under remat each layer keeps only its input for the backward pass;
     # `deterministic` (argument 3, counting the module) stays a Python bool.
     if c.scan_layers:
-      x_BLH = layers.stack(functools.partial(Layer, c), x_BLH, length=c.num_layers,
-                           per_example=(bias_B11L,), kwargs={"deterministic": deterministic},
+      x_BLH = layers.stack(functools.partial(Layer, c, self.mesh), x_BLH, length=c.num_layers,
+                           per_example=(lengths_B,), kwargs={"deterministic": deterministic},
                            mesh=self.mesh, microbatches=self.microbatches,
                            remat_policy=None if c.remat is Remat.NONE
                            else jax.checkpoint_policies.nothing_saveable)
     else:
       layer = Layer if c.remat is Remat.NONE else nn.remat(Layer, static_argnums=(3,))
       for i in range(c.num_layers):
-        x_BLH = layer(c, name=f"layer_{i}")(x_BLH, bias_B11L, deterministic)
+        x_BLH = layer(c, self.mesh, name=f"layer_{i}")(x_BLH, lengths_B, deterministic)
     return self._masked_lm(x_BLH, batch["masked_lm_positions"], word), self._next_sentence(x_BLH)
 
   def _masked_lm(self, x_BLH: jax.Array, positions_BP: jax.Array, word: nn.Embed) -> jax.Array:

@@ -14,7 +14,7 @@ N heads, D head size, F feed-forward width.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -22,9 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-NEG_INF = -1e9
-"""Added to attention logits of positions that must not be attended to."""
-
+from mlbench.fields import AttentionImpl
+from mlbench.train import attention
 
 def partition_rules() -> list[tuple[str, Any]]:
   """Logical partition specs of every `Attention` and `Mlp` parameter, wherever
@@ -42,7 +41,9 @@ def partition_rules() -> list[tuple[str, Any]]:
 
 
 class Attention(nn.Module):
-  """Multi-head dot-product attention: `query`, `key`, `value`, `output` projections.
+  """Multi-head dot-product attention: `query`, `key`, `value`, `output` projections, the
+  scores by the harness's one attention entry point (`mlbench.train.attention.attend`:
+  a fused kernel where the platform has one that can serve the shape, XLA elsewhere).
 
   Attributes:
     num_heads: N.
@@ -55,6 +56,10 @@ class Attention(nn.Module):
     use_bias: biases on the projections (BERT has them; tensor2tensor's
       Transformer does not, and the key bias would only receive rounding noise:
       softmax ignores a constant added to every logit).
+    causal: position i attends to positions <= i.
+    implementation: `model.attention` (auto: chosen per platform and shape).
+    mesh: `StepContext.mesh`, the platform and the axes the kernels run under.
+    what: which attention of the model this is, in reports ("encoder self-attention").
   """
 
   num_heads: int
@@ -64,15 +69,17 @@ class Attention(nn.Module):
   kernel_init: Callable[..., Any] = nn.initializers.xavier_uniform()
   decode: bool = False
   use_bias: bool = True
+  causal: bool = False
+  implementation: AttentionImpl = AttentionImpl.AUTO
+  mesh: Any = None
+  what: str = "self-attention"
 
   @nn.compact
   def __call__(self, x_BLH: jax.Array, kv_BSH: jax.Array | None = None,
-               bias_B1LS: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    """Attends from `x_BLH` to `kv_BSH` (default: itself).
-
-    `bias_B1LS` (broadcastable) is added to the logits: 0 where attention is
-    allowed, `NEG_INF` where it is not.
-    """
+               masks: Mapping[str, jax.Array] | None = None,
+               deterministic: bool = True) -> jax.Array:
+    """Attends from `x_BLH` to `kv_BSH` (default: itself) under `masks`: the keyword
+    masks of `attend` (`kv_lengths_B`, `q_segments_BL`, `kv_segments_BS`, `bias`)."""
     proj = functools.partial(nn.DenseGeneral, features=(self.num_heads, self.head_dim),
                              kernel_init=self.kernel_init, dtype=self.dtype,
                              use_bias=self.use_bias)
@@ -80,73 +87,36 @@ class Attention(nn.Module):
     q_BLND = proj(name="query")(x_BLH)
     k_BSND = proj(name="key")(source_BSH)
     v_BSND = proj(name="value")(source_BSH)
+    masks = dict(masks or {})
+    causal = self.causal
     if self.decode:
-      k_BSND, v_BSND, bias_B1LS = self._cached(k_BSND, v_BSND, bias_B1LS)
-    if deterministic or self.dropout == 0.0:
-      # The fused kernel where the backend has one (cuDNN on GPU when asked for; XLA's
-      # own otherwise). It has no dropout on the probabilities, hence the other path.
-      out_BLND = jax.nn.dot_product_attention(q_BLND, k_BSND, v_BSND, bias=bias_B1LS)
-    else:
+      k_BSND, v_BSND, masks, causal = self._cached(k_BSND, v_BSND, masks, causal)
+    dropout = None
+    if not deterministic and self.dropout > 0.0:
       drop = functools.partial(nn.Dropout(self.dropout), deterministic=False)
-      out_BLND = attention_with_dropout(q_BLND, k_BSND, v_BSND, bias_B1LS, drop)
+      dropout = attention.Dropout(self.dropout, drop)
+    out_BLND = attention.attend(q_BLND, k_BSND, v_BSND, name=self.what,
+                                implementation=self.implementation, mesh=self.mesh,
+                                causal=causal, dropout=dropout, **masks)
     return nn.DenseGeneral(x_BLH.shape[-1], axis=(-2, -1), kernel_init=self.kernel_init,
                            dtype=self.dtype, use_bias=self.use_bias, name="output")(out_BLND)
 
-  def _cached(self, k_B1ND: jax.Array, v_B1ND: jax.Array, bias: jax.Array | None):
-    """Writes this position's key and value into the cache; attends to positions <= it."""
+  def _cached(self, k_B1ND: jax.Array, v_B1ND: jax.Array, masks: dict[str, jax.Array],
+              causal: bool) -> tuple[jax.Array, jax.Array, dict[str, jax.Array], bool]:
+    """Writes this position's key and value into the cache; attends to positions <= it
+    (the cache's first i + 1 keys, as lengths)."""
     ready = self.has_variable("cache", "cached_key")
     key = self.variable("cache", "cached_key", jnp.zeros, k_B1ND.shape, k_B1ND.dtype)
     value = self.variable("cache", "cached_value", jnp.zeros, v_B1ND.shape, v_B1ND.dtype)
     index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
     if not ready:  # init: the cache is created at the full decode length
-      return k_B1ND, v_B1ND, bias
+      return k_B1ND, v_B1ND, masks, causal
     i = index.value
     key.value = jax.lax.dynamic_update_slice(key.value, k_B1ND, (0, i, 0, 0))
     value.value = jax.lax.dynamic_update_slice(value.value, v_B1ND, (0, i, 0, 0))
     index.value = i + 1
-    seen_S = jnp.arange(key.value.shape[1]) <= i
-    step_bias = jnp.where(seen_S, 0.0, NEG_INF)[None, None, None, :]
-    return key.value, value.value, step_bias if bias is None else bias + step_bias
-
-
-def attention_with_dropout(q_BLND: jax.Array, k_BSND: jax.Array, v_BSND: jax.Array,
-                           bias_B1LS: jax.Array | None,
-                           dropout: Callable[[jax.Array], jax.Array]) -> jax.Array:
-  """Attention with `dropout` on the probabilities (BERT's and the MLPerf Transformer's
-  0.1 in training): scores accumulated in float32, probabilities kept in the compute
-  dtype, so the [B, N, L, S] tensors saved for the backward pass are the low-precision
-  probabilities and the dropout mask, not float32 logits and probabilities."""
-  q_BLND = q_BLND * jnp.asarray(q_BLND.shape[-1] ** -0.5, q_BLND.dtype)
-  logits_BNLS = jnp.einsum("blnd,bsnd->bnls", q_BLND, k_BSND,
-                           preferred_element_type=jnp.float32)
-  if bias_B1LS is not None:
-    logits_BNLS = logits_BNLS + bias_B1LS
-  probs_BNLS = dropout(softmax_in(logits_BNLS, v_BSND.dtype))
-  return jnp.einsum("bnls,bsnd->blnd", probs_BNLS, v_BSND)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def softmax_in(logits: jax.Array, dtype: Any) -> jax.Array:
-  """softmax over the last axis, computed in float32 and returned in `dtype`; its
-  gradient is computed from that `dtype` copy. jax.nn.softmax would keep its float32
-  output for the backward pass, a second, larger copy of every [B, N, L, S]
-  probability tensor beside the one the value matmul keeps."""
-  return jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(dtype)
-
-
-def _softmax_in_fwd(logits: jax.Array, dtype: Any) -> tuple[jax.Array, tuple[jax.Array, Any]]:
-  probs = softmax_in(logits, dtype)
-  return probs, (probs, jnp.zeros((), logits.dtype))
-
-
-def _softmax_in_bwd(dtype: Any, res: tuple[jax.Array, jax.Array], g: jax.Array):
-  del dtype
-  probs, like = res
-  y, g = probs.astype(jnp.float32), g.astype(jnp.float32)
-  return ((y * (g - (g * y).sum(-1, keepdims=True))).astype(like.dtype),)
-
-
-softmax_in.defvjp(_softmax_in_fwd, _softmax_in_bwd)
+    seen_B = jnp.full((k_B1ND.shape[0],), i + 1, jnp.int32)
+    return key.value, value.value, {**masks, "kv_lengths_B": seen_B}, False
 
 
 class Mlp(nn.Module):
@@ -165,17 +135,6 @@ class Mlp(nn.Module):
     h_BLF = self.activation(dense(self.intermediate_size, name="intermediate")(x_BLH))
     h_BLF = nn.Dropout(self.dropout)(h_BLF, deterministic=deterministic)
     return dense(x_BLH.shape[-1], name="output")(h_BLF)
-
-
-def padding_bias(mask_BS: jax.Array) -> jax.Array:
-  """[B, 1, 1, S] attention bias: keys where `mask_BS` is 0 are not attended to."""
-  return jnp.where(mask_BS[:, None, None, :] > 0, 0.0, NEG_INF).astype(jnp.float32)
-
-
-def causal_bias(length: int) -> jax.Array:
-  """[1, 1, L, L] attention bias: position i attends to positions <= i."""
-  allowed_LL = jnp.tril(jnp.ones((length, length), bool))
-  return jnp.where(allowed_LL, 0.0, NEG_INF).astype(jnp.float32)[None, None]
 
 
 def sinusoidal_positions(length: int, width: int, max_timescale: float = 1e4) -> np.ndarray:

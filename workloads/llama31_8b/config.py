@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from mlbench.fields import DType, Remat, WorkloadConfig, at_least, divides, positive, require
+from mlbench.fields import AttentionImpl, DType, Remat, WorkloadConfig, at_least, divides, positive, require
 from workloads.common.adamw import AdamWCosine
 
 
@@ -63,11 +63,14 @@ class ModelConfig:
   norm_epsilon: float = 1e-5
   init_std: float = 0.02           # Megatron's init_method_std; output projections / sqrt(2L)
   dtype: DType = DType.BFLOAT16    # activations and matmuls; parameters stay float32
+  # Which implementation computes attention (mlbench.train.attention): auto picks the fused
+  # kernel the platform has where it can serve the shape (cuDNN on GPUs, Pallas on TPUs).
+  attention: AttentionImpl = AttentionImpl.AUTO
   remat: Remat = Remat.FULL
-  # 0: one causal jax.nn.dot_product_attention call per layer (the fused kernel where the
-  # platform has one: cuDNN flash attention on GPUs). N > 0: queries in blocks of N, each
-  # attending to the keys up to its end under its own rematerialisation, so the XLA
-  # implementation (TPU, CPU) holds one block's scores at a time, not all L x L.
+  # Where attention runs on XLA (CPUs; `attention=xla`): 0, one causal attention per layer,
+  # all L x L scores at once; N > 0, queries in blocks of N, each attending to the keys up
+  # to its end under its own rematerialisation, one block's scores at a time. The fused
+  # kernels (cuDNN, Pallas) never hold the scores and ignore it.
   attention_chunk: int = 0
   # One scanned layer (parameters stacked on a leading layer axis) instead of unrolled
   # ones: one layer's program to compile, and under remat the loop keeps one layer's

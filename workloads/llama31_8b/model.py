@@ -2,9 +2,9 @@
 
 Pre-RMSNorm blocks: x + attention(norm(x)), then x + swiglu(norm(x)). Attention is
 grouped-query (N query heads share K key/value heads, N/K each) with rotary position
-embeddings on queries and keys, Llama 3.1's frequency scaling, and runs through
-`jax.nn.dot_product_attention(is_causal=True)` so TPUs and GPUs get their fused
-kernels. Input embedding and output projection are separate matrices (untied); no
+embeddings on queries and keys, Llama 3.1's frequency scaling, and runs through the
+harness's attention entry point (`mlbench.train.attention`), so GPUs get cuDNN's fused
+flash attention and TPUs the Pallas splash kernel. Input embedding and output projection are separate matrices (untied); no
 projection has a bias. Rotary embeddings rotate the two halves of each head
 (Megatron and NeMo's non-interleaved layout; Meta's interleaved pairs are the same
 up to a fixed permutation of the query and key columns).
@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mlbench.train import layers
+from mlbench.train import attention, layers
 from workloads.llama31_8b.config import ModelConfig, Remat, RopeConfig
 
 
@@ -63,27 +63,6 @@ def apply_rope(x_BLND: jax.Array, cos_LD: jax.Array, sin_LD: jax.Array) -> jax.A
   return out.astype(x_BLND.dtype)
 
 
-def causal_attention(q_BLND: jax.Array, k_BLKD: jax.Array, v_BLKD: jax.Array,
-                     chunk: int = 0) -> jax.Array:
-  """Causal grouped-query attention through `jax.nn.dot_product_attention`; with `chunk`,
-  query block b (positions [b*chunk, (b+1)*chunk)) attends to keys [0, (b+1)*chunk)
-  under its own `jax.checkpoint` (same result, a block's scores in memory at a time,
-  and the fully masked upper blocks never computed)."""
-  length = q_BLND.shape[1]
-  if not chunk or chunk >= length:
-    return jax.nn.dot_product_attention(q_BLND, k_BLKD, v_BLKD, is_causal=True)
-  if length % chunk:
-    raise ValueError(f"attention_chunk {chunk} must divide the sequence length {length}")
-  block = jax.checkpoint(lambda q, k, v, m: jax.nn.dot_product_attention(q, k, v, mask=m))
-  outs = []
-  for b in range(length // chunk):
-    end = (b + 1) * chunk
-    allowed_QS = np.arange(b * chunk, end)[:, None] >= np.arange(end)[None, :]
-    outs.append(block(q_BLND[:, b * chunk:end], k_BLKD[:, :end], v_BLKD[:, :end],
-                      jnp.asarray(allowed_QS)[None, None]))
-  return jnp.concatenate(outs, axis=1)
-
-
 def _dtype(cfg: ModelConfig) -> Any:
   return jnp.dtype(cfg.dtype.value)
 
@@ -93,10 +72,11 @@ def _residual_init(cfg: ModelConfig) -> Any:
 
 
 class Attention(nn.Module):
-  """Grouped-query self-attention: `query` [H, N, D], `key` and `value` [H, K, D],
-  `output` [N, D, H]."""
+  """Grouped-query causal self-attention: `query` [H, N, D], `key` and `value` [H, K, D],
+  `output` [N, D, H]; the scores by the harness's attention entry point."""
 
   cfg: ModelConfig
+  mesh: Any = None
 
   @nn.compact
   def __call__(self, x_BLH: jax.Array, cos_LD: jax.Array, sin_LD: jax.Array) -> jax.Array:
@@ -106,7 +86,9 @@ class Attention(nn.Module):
     q_BLND = apply_rope(proj((c.num_heads, c.head_dim), name="query")(x_BLH), cos_LD, sin_LD)
     k_BLKD = apply_rope(proj((c.num_kv_heads, c.head_dim), name="key")(x_BLH), cos_LD, sin_LD)
     v_BLKD = proj((c.num_kv_heads, c.head_dim), name="value")(x_BLH)
-    out_BLND = causal_attention(q_BLND, k_BLKD, v_BLKD, c.attention_chunk)
+    out_BLND = attention.attend(q_BLND, k_BLKD, v_BLKD, name="causal self-attention",
+                                implementation=c.attention, mesh=self.mesh, causal=True,
+                                chunk=c.attention_chunk)
     return nn.DenseGeneral(x_BLH.shape[-1], axis=(-2, -1), use_bias=False, dtype=_dtype(c),
                            kernel_init=_residual_init(c), name="output")(out_BLND)
 
@@ -130,12 +112,13 @@ class Block(nn.Module):
   """One decoder layer."""
 
   cfg: ModelConfig
+  mesh: Any = None
 
   @nn.compact
   def __call__(self, x_BLH: jax.Array, cos_LD: jax.Array, sin_LD: jax.Array) -> jax.Array:
     c = self.cfg
     norm = functools.partial(nn.RMSNorm, epsilon=c.norm_epsilon, dtype=_dtype(c))
-    x_BLH = x_BLH + Attention(c, name="attention")(norm(name="attention_norm")(x_BLH),
+    x_BLH = x_BLH + Attention(c, self.mesh, name="attention")(norm(name="attention_norm")(x_BLH),
                                                    cos_LD, sin_LD)
     return x_BLH + SwiGlu(c, name="mlp")(norm(name="mlp_norm")(x_BLH))
 
@@ -162,13 +145,14 @@ class Llama(nn.Module):
                      name="embedding")(tokens_BL).astype(_dtype(c))
     cos_LD, sin_LD = (jnp.asarray(t) for t in rope_tables(c.rope, c.head_dim, tokens_BL.shape[1]))
     if c.scan_layers:
-      x_BLH = layers.stack(functools.partial(Block, c), x_BLH, length=c.num_layers,
+      x_BLH = layers.stack(functools.partial(Block, c, self.mesh), x_BLH, length=c.num_layers,
                            shared=(cos_LD, sin_LD), mesh=self.mesh,
                            microbatches=self.microbatches, remat_policy=_POLICIES[c.remat])
     else:
       block = Block if c.remat is Remat.NONE else nn.remat(Block, policy=_POLICIES[c.remat])
       for i in range(c.num_layers):
-        x_BLH = block(c, name=f"layer_{i}")(_by_batch(self.mesh, x_BLH), cos_LD, sin_LD)
+        x_BLH = block(c, self.mesh, name=f"layer_{i}")(_by_batch(self.mesh, x_BLH), cos_LD,
+                                                       sin_LD)
     x_BLH = nn.RMSNorm(epsilon=c.norm_epsilon, dtype=_dtype(c), name="final_norm")(x_BLH)
     logits_BLV = nn.Dense(c.vocab_size, use_bias=False, dtype=_dtype(c),
                           kernel_init=nn.initializers.normal(c.init_std), name="output")(x_BLH)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from mlbench.fields import DType, WorkloadConfig, at_least, divides, fraction, positive, require
+from mlbench.fields import AttentionImpl, DType, WorkloadConfig, at_least, divides, fraction, positive, require
 from workloads.common.adamw import AdamWCosine
 
 
@@ -82,6 +82,9 @@ class ModelConfig:
   moe: MoeConfig = MoeConfig()
   dropout: float = 0.0
   dtype: DType = DType.BFLOAT16  # activations and matmuls; parameters and router stay float32
+  # Which implementation computes attention (mlbench.train.attention): auto picks the fused
+  # kernel the platform has where it can serve the shape (cuDNN on GPUs, Pallas on TPUs).
+  attention: AttentionImpl = AttentionImpl.AUTO
   # Groups of `moe.every` layers as one scanned stack (parameters under `layers/layer/...`,
   # stacked on a leading axis; num_layers a multiple of every): pipeline stages split it.
   scan_layers: bool = False

@@ -73,14 +73,14 @@ class Block(nn.Module):
   mesh: Any = None
 
   @nn.compact
-  def __call__(self, x_BLH: jax.Array, bias_11LL: jax.Array, deterministic: bool
-               ) -> tuple[jax.Array, Stats | None]:
+  def __call__(self, x_BLH: jax.Array, deterministic: bool) -> tuple[jax.Array, Stats | None]:
     c = self.cfg
     drop = functools.partial(nn.Dropout(c.dropout), deterministic=deterministic)
     h_BLH = nn.LayerNorm(dtype=_dtype(c), name="attention_layer_norm")(x_BLH)
     h_BLH = blocks.Attention(c.num_heads, c.width // c.num_heads, dropout=c.dropout,
-                             dtype=_dtype(c), name="attention")(
-                                 h_BLH, bias_B1LS=bias_11LL, deterministic=deterministic)
+                             dtype=_dtype(c), causal=True, implementation=c.attention,
+                             mesh=self.mesh, what="causal self-attention", name="attention")(
+                                 h_BLH, deterministic=deterministic)
     x_BLH = x_BLH + drop(h_BLH)
     h_BLH = nn.LayerNorm(dtype=_dtype(c), name="mlp_layer_norm")(x_BLH)
     stats = None
@@ -101,12 +101,11 @@ class Group(nn.Module):
   mesh: Any = None
 
   @nn.compact
-  def __call__(self, x_BLH: jax.Array, bias_11LL: jax.Array, deterministic: bool
-               ) -> tuple[jax.Array, Stats]:
+  def __call__(self, x_BLH: jax.Array, deterministic: bool) -> tuple[jax.Array, Stats]:
     every = self.cfg.moe.every
     for j in range(every):
       x_BLH, stats = Block(self.cfg, j == every - 1, self.capacity_factor, self.mesh,
-                           name=f"layer_{j}")(x_BLH, bias_11LL, deterministic)
+                           name=f"layer_{j}")(x_BLH, deterministic)
     return x_BLH, stats
 
 
@@ -134,19 +133,18 @@ class MoeLM(nn.Module):
              + blocks.sinusoidal_positions(length, c.width)[None])
     x_BLH = self._split_tokens(nn.Dropout(c.dropout)(x_BLH, deterministic=deterministic)
                                .astype(_dtype(c)))
-    bias_11LL = blocks.causal_bias(length)
     if c.scan_layers:
       groups = c.num_layers // c.moe.every
       x_BLH, summed = layers.stack(
           functools.partial(Group, c, self.capacity_factor, self.mesh), x_BLH, length=groups,
-          shared=(bias_11LL,), kwargs={"deterministic": deterministic}, has_aux=True,
+          kwargs={"deterministic": deterministic}, has_aux=True,
           mesh=self.mesh, microbatches=self.microbatches, rngs=("dropout", "gating"))
       stats = {k: v / groups for k, v in summed.items()}
     else:
       per_layer: list[Stats] = []
       for i in range(c.num_layers):
         x_BLH, layer_stats = Block(c, is_moe_layer(c, i), self.capacity_factor, self.mesh,
-                                   name=f"layer_{i}")(x_BLH, bias_11LL, deterministic)
+                                   name=f"layer_{i}")(x_BLH, deterministic)
         if layer_stats is not None:
           per_layer.append(layer_stats)
       n = len(per_layer)

@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mlbench.fields import AttentionImpl
+from mlbench.train import attention
 from workloads.common.blocks import ResidualBlock, shortcut
 
 
@@ -40,10 +42,14 @@ def relative_logits(q_BNHWD: jax.Array, rel_h: jax.Array, rel_w: jax.Array) -> j
 
 
 class RelativeSelfAttention(nn.Module):
-  """All-to-all MHSA over an H x W map with 2-D relative position logits."""
+  """All-to-all MHSA over an H x W map with 2-D relative position logits: the positions
+  as a sequence of H x W tokens, the relative logits as the bias of the harness's
+  attention entry point (`mlbench.train.attention`; at 224x224 the 14x14 and 7x7 maps are
+  below the TPU kernels' 128-token blocks, so XLA's attention)."""
 
   heads: int
   dtype: jnp.dtype = jnp.float32
+  implementation: AttentionImpl = AttentionImpl.AUTO
 
   @nn.compact
   def __call__(self, x_BHWC: jax.Array) -> jax.Array:
@@ -51,17 +57,18 @@ class RelativeSelfAttention(nn.Module):
     d = c // self.heads
     proj = functools.partial(nn.DenseGeneral, features=(self.heads, d), use_bias=False,
                              kernel_init=nn.initializers.normal(0.01), dtype=self.dtype)
-    q, k, v = (proj(name=n)(x_BHWC).transpose(0, 3, 1, 2, 4) for n in ("query", "key", "value"))
+    q, k, v = (proj(name=n)(x_BHWC).reshape(b, h * w, self.heads, d)
+               for n in ("query", "key", "value"))
     emb = nn.initializers.normal(d ** -0.5)
     rel_h = self.param("rel_height", emb, (2 * h - 1, d))
     rel_w = self.param("rel_width", emb, (2 * w - 1, d))
-    q_BNHWD = q * jnp.asarray(d ** -0.5, q.dtype)
-    logits = jnp.einsum("bnhwd,bnpqd->bnhwpq", q_BNHWD, k, preferred_element_type=jnp.float32)
-    logits = logits + relative_logits(q_BNHWD, rel_h, rel_w)
-    weights = jax.nn.softmax(logits.reshape(b, self.heads, h, w, h * w), axis=-1)
-    weights = weights.reshape(logits.shape).astype(v.dtype)
-    out_BHWND = jnp.einsum("bnhwpq,bnpqd->bhwnd", weights, v)
-    return out_BHWND.reshape(b, h, w, c)
+    # The relative logits of the scaled query, as the paper adds them to q.k / sqrt(d).
+    q_BHWND = (q * jnp.asarray(d ** -0.5, q.dtype)).reshape(b, h, w, self.heads, d)
+    bias_BNLS = relative_logits(q_BHWND.transpose(0, 3, 1, 2, 4), rel_h, rel_w).reshape(
+        b, self.heads, h * w, h * w).astype(jnp.float32)
+    out_BLND = attention.attend(q, k, v, name="relative self-attention",
+                                implementation=self.implementation, bias=bias_BNLS)
+    return out_BLND.reshape(b, h, w, c)
 
 
 class BoTBlock(ResidualBlock):
@@ -74,7 +81,8 @@ class BoTBlock(ResidualBlock):
     dtype = jnp.dtype(self.cfg.dtype.value)
     conv, norm = self.conv_and_norm(train, conv_init)
     y = nn.relu(norm(name="bn1")(conv(self.width, (1, 1), name="conv1")(x_BHWC)))
-    y = RelativeSelfAttention(self.cfg.attention_heads, dtype, name="mhsa")(y)
+    y = RelativeSelfAttention(self.cfg.attention_heads, dtype, self.cfg.attention,
+                              name="mhsa")(y)
     if self.strides != 1:  # TF's 'same' average pooling, as the projection's output size
       y = nn.avg_pool(y, (self.strides, self.strides), strides=(self.strides, self.strides),
                       padding="SAME", count_include_pad=False)

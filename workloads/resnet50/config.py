@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from mlbench.fields import (DType, EpochConfig, LrScaling, at_least, fraction, interval, positive,
-                            require, switch)
+from mlbench.fields import (AttentionImpl, DType, EpochConfig, LrScaling, at_least, fraction,
+                            interval, positive, require, switch)
 
 
 class Stem(enum.Enum):
@@ -56,6 +56,8 @@ class ModelConfig:
   zero_init_last_bn: bool = False  # True: last BN scale of a block starts at 0 (not reference)
   block: Block = switch(Block.BOTTLENECK)  # of the last stage; BoT50: open division only
   attention_heads: int = 4         # of its MHSA, with block=bottleneck_transformer
+  # Which implementation computes that MHSA (mlbench.train.attention): auto, xla, ...
+  attention: AttentionImpl = AttentionImpl.AUTO
   dtype: DType = DType.FLOAT32    # activations and convolutions; parameters stay float32
 
   def __post_init__(self):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from mlbench.fields import (DType, EpochConfig, Remat, at_least, divides, fraction, positive,
+from mlbench.fields import (AttentionImpl, DType, EpochConfig, Remat, at_least, divides, fraction, positive,
                             remat_choices, require)
 
 MAX_POSITIONS = 1024
@@ -41,6 +41,9 @@ class ModelConfig:
   decoder_layers: int = 6
   dropout: float = 0.1            # residual, embedding and attention-probability dropout
   dtype: DType = DType.FLOAT32    # activations and matmuls; parameters stay float32
+  # Which implementation computes attention (mlbench.train.attention): auto picks the fused
+  # kernel the platform has where it can serve the shape (cuDNN on GPUs, Pallas on TPUs).
+  attention: AttentionImpl = AttentionImpl.AUTO
   remat: Remat = Remat.NONE
 
   def __post_init__(self):

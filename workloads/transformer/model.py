@@ -33,27 +33,31 @@ def _dtype(cfg: ModelConfig) -> Any:
 
 
 class _Block(nn.Module):
-  """One encoder (self-attention, MLP) or decoder (self, cross, MLP) layer."""
+  """One encoder (self-attention, MLP) or decoder (causal self, cross, MLP) layer."""
 
   cfg: ModelConfig
   decode: bool = False
+  mesh: Any = None
 
   @nn.compact
-  def __call__(self, x_BLH: jax.Array, self_bias: jax.Array | None,
-               encoded_BSH: jax.Array | None, cross_bias: jax.Array | None,
-               deterministic: bool) -> jax.Array:
+  def __call__(self, x_BLH: jax.Array, self_masks: Masks, encoded_BSH: jax.Array | None,
+               cross_masks: Masks | None, deterministic: bool) -> jax.Array:
     c = self.cfg
+    decoder = encoded_BSH is not None
     attention = functools.partial(blocks.Attention, c.num_heads, c.width // c.num_heads,
-                                  dropout=c.dropout, dtype=_dtype(c), use_bias=False)
+                                  dropout=c.dropout, dtype=_dtype(c), use_bias=False,
+                                  implementation=c.attention, mesh=self.mesh)
     drop = functools.partial(nn.Dropout(c.dropout), deterministic=deterministic)
     norm = functools.partial(nn.LayerNorm, dtype=_dtype(c))
     h_BLH = norm(name="self_attention_norm")(x_BLH)
-    x_BLH = x_BLH + drop(attention(decode=self.decode, name="self_attention")(
-        h_BLH, bias_B1LS=self_bias, deterministic=deterministic))
-    if encoded_BSH is not None:
+    x_BLH = x_BLH + drop(attention(
+        decode=self.decode, causal=decoder, name="self_attention",
+        what="decoder self-attention" if decoder else "encoder self-attention")(
+            h_BLH, masks=self_masks, deterministic=deterministic))
+    if decoder:
       h_BLH = norm(name="cross_attention_norm")(x_BLH)
-      x_BLH = x_BLH + drop(attention(name="cross_attention")(
-          h_BLH, encoded_BSH, bias_B1LS=cross_bias, deterministic=deterministic))
+      x_BLH = x_BLH + drop(attention(name="cross_attention", what="cross-attention")(
+          h_BLH, encoded_BSH, masks=cross_masks, deterministic=deterministic))
     h_BLH = norm(name="mlp_norm")(x_BLH)
     return x_BLH + drop(blocks.Mlp(c.mlp_width, dropout=c.dropout, dtype=_dtype(c),
                                    name="mlp")(h_BLH, deterministic=deterministic))
@@ -64,6 +68,7 @@ class Transformer(nn.Module):
 
   cfg: ModelConfig
   decode: bool = False
+  mesh: Any = None  # StepContext.mesh: where the attention kernels run
 
   def setup(self):
     c = self.cfg
@@ -74,8 +79,9 @@ class Transformer(nn.Module):
     # stays a Python bool.
     block = (_Block if c.remat is Remat.NONE or self.decode
              else nn.remat(_Block, static_argnums=(5,)))
-    self.encoder_layers = [block(c, name=f"encoder_{i}") for i in range(c.encoder_layers)]
-    self.decoder_layers = [block(c, decode=self.decode, name=f"decoder_{i}")
+    self.encoder_layers = [block(c, mesh=self.mesh, name=f"encoder_{i}")
+                           for i in range(c.encoder_layers)]
+    self.decoder_layers = [block(c, decode=self.decode, mesh=self.mesh, name=f"decoder_{i}")
                            for i in range(c.decoder_layers)]
     self.encoder_norm = nn.LayerNorm(dtype=_dtype(c))
     self.decoder_norm = nn.LayerNorm(dtype=_dtype(c))
@@ -89,11 +95,10 @@ class Transformer(nn.Module):
     rows, attention between different segments."""
     p = packing or {}
     x_BSH = self._embed_at(inputs_BS, 0, deterministic, p.get("inputs_position"))
-    bias = blocks.padding_bias(inputs_BS)
-    if "inputs_segmentation" in p:
-      bias = bias + segment_bias(p["inputs_segmentation"], p["inputs_segmentation"])
+    seg_BS = p.get("inputs_segmentation", inputs_BS != 0)
+    masks = {"q_segments_BL": seg_BS, "kv_segments_BS": seg_BS}
     for layer in self.encoder_layers:
-      x_BSH = layer(x_BSH, bias, None, None, deterministic)
+      x_BSH = layer(x_BSH, masks, None, None, deterministic)
     return self.encoder_norm(x_BSH)
 
   def decode_logits(self, encoded_BSH: jax.Array, inputs_BS: jax.Array,
@@ -108,22 +113,24 @@ class Transformer(nn.Module):
                       packing: Packing | None = None) -> jax.Array:
     """The decoder's normalised output [B, L, H] (compute dtype), before `project`."""
     p = packing or {}
+    offset = 0
     if self.decode:
       offset = self.position.value
       if not self.is_initializing():
         self.position.value = offset + targets_in_BL.shape[1]
-      self_bias = None
-    else:
-      offset = 0
-      self_bias = blocks.causal_bias(targets_in_BL.shape[1])
     x_BLH = self._embed_at(targets_in_BL, offset, deterministic, p.get("targets_position"))
-    cross_bias = blocks.padding_bias(inputs_BS)
+    # Causal self-attention; a query attends to the keys of its own sentence (packed rows)
+    # and never to padding (Google's make_padding_mask(segmentation_mask=True), models.py
+    # L372-382). Unpacked rows: the targets' padding follows every real token, so the
+    # causal mask keeps it out; the inputs' padding is a segment of its own.
+    self_masks: Masks = {}
+    cross_masks: Masks = {"kv_segments_BS": inputs_BS != 0}
     if "targets_segmentation" in p:
       t_seg, i_seg = p["targets_segmentation"], p["inputs_segmentation"]
-      self_bias = self_bias + segment_bias(t_seg, t_seg)
-      cross_bias = cross_bias + segment_bias(t_seg, i_seg)
+      self_masks = {"q_segments_BL": t_seg, "kv_segments_BS": t_seg}
+      cross_masks = {"q_segments_BL": t_seg, "kv_segments_BS": i_seg}
     for layer in self.decoder_layers:
-      x_BLH = layer(x_BLH, self_bias, encoded_BSH, cross_bias, deterministic)
+      x_BLH = layer(x_BLH, self_masks, encoded_BSH, cross_masks, deterministic)
     return self.decoder_norm(x_BLH)
 
   def project(self, x_BLH: jax.Array) -> jax.Array:
@@ -168,12 +175,8 @@ class Transformer(nn.Module):
 Packing = dict
 """{inputs,targets}_{segmentation,position} arrays [B, S] / [B, L] of packed rows."""
 
-
-def segment_bias(query_seg_BL: jax.Array, key_seg_BS: jax.Array) -> jax.Array:
-  """[B, 1, L, S] attention bias: a query attends only to keys of its own segment
-  (Google's make_padding_mask(segmentation_mask=True), models.py L372-382)."""
-  same = query_seg_BL[:, None, :, None] == key_seg_BS[:, None, None, :]
-  return jnp.where(same, 0.0, blocks.NEG_INF).astype(jnp.float32)
+Masks = dict
+"""The keyword masks of `mlbench.train.attention.attend` (segments, lengths)."""
 
 
 def shift_right(targets_BL: jax.Array) -> jax.Array:

@@ -94,9 +94,8 @@ def token_losses(cfg: TransformerConfig, params: Any, features_BLH: jax.Array,
 def loss(cfg: TransformerConfig, ctx: StepContext, params: Any, state: Any, batch: Batch,
          rng: jax.Array) -> tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]:
   """Label-smoothed cross-entropy, averaged over the real target tokens of the batch."""
-  del ctx
   packing = {k: batch[k] for k in PACKING if k in batch}
-  features_BLH = Transformer(cfg.model).apply(
+  features_BLH = Transformer(cfg.model, mesh=ctx.mesh).apply(
       {"params": params}, batch["inputs"], batch["targets"], deterministic=False,
       packing=packing, rngs={"dropout": rng}, method=Transformer.features)
   nll_BL, hits_BL = token_losses(cfg, params, features_BLH, batch["targets"],
@@ -107,13 +106,14 @@ def loss(cfg: TransformerConfig, ctx: StepContext, params: Any, state: Any, batc
                                                   / tokens, "target_tokens": tokens})
 
 
-def translate(cfg: TransformerConfig, params: Any, inputs_BS: jax.Array) -> jax.Array:
+def translate(cfg: TransformerConfig, params: Any, inputs_BS: jax.Array,
+              mesh: Any = None) -> jax.Array:
   """Beam-search translations [B, decode.max_length] (EOS, then 0s)."""
   d, b = cfg.decode, inputs_BS.shape[0]
-  model = Transformer(cfg.model)
+  model = Transformer(cfg.model, mesh=mesh)
   encoded_BSH = model.apply({"params": params}, inputs_BS, method=Transformer.encode)
   encoded_NSH, inputs_NS = beam_search.tile_beams((encoded_BSH, inputs_BS), d.beam_size)
-  decoder = Transformer(cfg.model, decode=True)
+  decoder = Transformer(cfg.model, decode=True, mesh=mesh)
   shapes = jax.eval_shape(lambda: decoder.init(  # shapes only: no forward pass is run
       jax.random.key(0), inputs_NS[:, :1], jnp.zeros((inputs_NS.shape[0], d.max_length),
                                                      jnp.int32))["cache"])
@@ -134,12 +134,12 @@ def translate(cfg: TransformerConfig, params: Any, inputs_BS: jax.Array) -> jax.
 def eval_step(cfg: TransformerConfig, ctx: StepContext, params: Any, state: Any,
               batch: Batch) -> dict[str, jax.Array]:
   """Per sentence: the beam-search translation, and the teacher-forced NLL sums."""
-  del ctx, state
-  features_BLH = Transformer(cfg.model).apply({"params": params}, batch["inputs"],
+  del state
+  features_BLH = Transformer(cfg.model, mesh=ctx.mesh).apply({"params": params}, batch["inputs"],
                                               batch["targets"], method=Transformer.features)
   nll_BL, _ = token_losses(cfg, params, features_BLH, batch["targets"], 0.0)
   w_BL = (batch["targets"] > 0).astype(jnp.float32)
-  return {"translation": translate(cfg, params, batch["inputs"]),
+  return {"translation": translate(cfg, params, batch["inputs"], ctx.mesh),
           "nll": (nll_BL * w_BL).sum(-1), "target_tokens": w_BL.sum(-1)}
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from mlbench.fields import DType, EpochConfig, LrScaling, at_least, fraction, positive, require
+from mlbench.fields import AttentionImpl, DType, EpochConfig, LrScaling, at_least, fraction, positive, require
 from workloads.resnet50.config import Source, image_records
 
 
@@ -56,6 +56,9 @@ class ModelConfig:
   posemb: Posemb = Posemb.SINCOS2D
   pre_logits: bool = True   # rep_size=True: Dense(width) + tanh before the head
   dtype: DType = DType.FLOAT32
+  # Which implementation computes attention (mlbench.train.attention): auto picks the fused
+  # kernel the platform has where it can serve the shape (cuDNN on GPUs, Pallas on TPUs).
+  attention: AttentionImpl = AttentionImpl.AUTO
 
   def __post_init__(self):
     at_least(self, 1, "patch_size", *(name for name in ("width", "depth", "mlp_dim", "num_heads")

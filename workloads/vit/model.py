@@ -13,11 +13,14 @@ Shape legend: B batch, H/W patch grid, L tokens, D width, K classes.
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mlbench.fields import AttentionImpl
 from workloads.common.transformer import Attention, Mlp
 from workloads.vit.config import ModelConfig, Pool, Posemb
 
@@ -39,12 +42,15 @@ class EncoderBlock(nn.Module):
   num_heads: int
   mlp_dim: int
   dtype: jnp.dtype
+  implementation: AttentionImpl = AttentionImpl.AUTO
+  mesh: Any = None
 
   @nn.compact
   def __call__(self, x_BLD: jax.Array) -> jax.Array:
     width = x_BLD.shape[-1]
     y = nn.LayerNorm(dtype=self.dtype, name="norm1")(x_BLD)
     x_BLD = x_BLD + Attention(self.num_heads, width // self.num_heads, dtype=self.dtype,
+                              implementation=self.implementation, mesh=self.mesh,
                               name="attention")(y)
     y = nn.LayerNorm(dtype=self.dtype, name="norm2")(x_BLD)
     return x_BLD + Mlp(self.mlp_dim, activation=nn.gelu, dtype=self.dtype, name="mlp")(y)
@@ -52,6 +58,7 @@ class EncoderBlock(nn.Module):
 
 class ViT(nn.Module):
   cfg: ModelConfig
+  mesh: Any = None  # StepContext.mesh: where the attention kernels run
 
   @nn.compact
   def __call__(self, image_BHWC: jax.Array, train: bool = False) -> jax.Array:
@@ -73,7 +80,8 @@ class ViT(nn.Module):
       cls = self.param("cls", nn.initializers.zeros, (1, 1, width))
       x_BLD = jnp.concatenate([jnp.tile(cls.astype(x_BLD.dtype), (b, 1, 1)), x_BLD], axis=1)
     for i in range(depth):
-      x_BLD = EncoderBlock(heads, mlp_dim, dtype, name=f"block{i}")(x_BLD)
+      x_BLD = EncoderBlock(heads, mlp_dim, dtype, cfg.attention, self.mesh,
+                           name=f"block{i}")(x_BLD)
     x_BLD = nn.LayerNorm(dtype=dtype, name="encoder_norm")(x_BLD)
     x_BD = x_BLD[:, 0] if cfg.pool is Pool.TOK else jnp.mean(x_BLD, axis=1)
     x_BD = x_BD.astype(jnp.float32)

@@ -42,12 +42,11 @@ def mix(a: jax.Array | float, *arrays_B: jax.Array) -> list[jax.Array]:
 def loss(cfg: ViTConfig, ctx: StepContext, params: Any, state: Any, batch: Any,
          rng: jax.Array) -> tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]:
   """Softmax cross-entropy against the (mixed) one-hot labels (big_vision softmax_xent)."""
-  del ctx
   labels_BK = jax.nn.one_hot(batch["label"], cfg.model.num_classes)
   images = batch["image"]
   if cfg.optimizer.mixup_alpha:
     images, labels_BK = mixup(rng, cfg.optimizer.mixup_alpha, images, labels_BK)
-  logits_BK = ViT(cfg.model).apply({"params": params}, images, train=True)
+  logits_BK = ViT(cfg.model, ctx.mesh).apply({"params": params}, images, train=True)
   xent = optax.softmax_cross_entropy(logits_BK, labels_BK).mean()
   accuracy = (jnp.argmax(logits_BK, -1) == batch["label"]).mean()
   return xent, (state, {"accuracy": accuracy})
@@ -56,8 +55,8 @@ def loss(cfg: ViTConfig, ctx: StepContext, params: Any, state: Any, batch: Any,
 def eval_step(cfg: ViTConfig, ctx: StepContext, params: Any, state: Any,
               batch: Any) -> dict[str, jax.Array]:
   """Per image: top-1 hit and cross-entropy."""
-  del ctx, state
-  logits_BK = ViT(cfg.model).apply({"params": params}, batch["image"])
+  del state
+  logits_BK = ViT(cfg.model, ctx.mesh).apply({"params": params}, batch["image"])
   return classify.eval_outputs(logits_BK, batch["label"])
 
 
