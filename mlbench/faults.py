@@ -44,14 +44,14 @@ _ERRNO = {
 }
 _TEXT = {"No space left on device": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT,
          "Read-only file system": errno.EROFS, "Permission denied": errno.EACCES}
-# TensorStore's status codes, which begin the text of its errors.
+# TensorStore's status codes of storage that fails, which begin the text of its errors
+# (INVALID_ARGUMENT, FAILED_PRECONDITION, ... are a caller's bugs, not storage faults).
 _STATUS = ("RESOURCE_EXHAUSTED", "PERMISSION_DENIED", "UNAVAILABLE", "DEADLINE_EXCEEDED",
-           "ABORTED", "UNAUTHENTICATED", "INTERNAL", "UNKNOWN", "DATA_LOSS", "NOT_FOUND",
-           "FAILED_PRECONDITION")
+           "ABORTED", "UNAUTHENTICATED", "DATA_LOSS")
 _HTTP = {401: "unauthenticated", 403: "permission denied", 404: "not found",
          408: "request timeout", 429: "rate limited", 500: "internal error",
          502: "bad gateway", 503: "service unavailable", 504: "gateway timeout"}
-_CLIENTS = ("google", "gcsfs", "fsspec", "aiohttp", "requests", "tensorstore")
+_CLIENTS = ("google", "gcsfs", "fsspec", "aiohttp", "requests", "tensorstore", "tensorflow")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,11 +127,12 @@ def _one(e: BaseException, where: str) -> Fault | None:
   m = re.search(r"os_error_code='(\d+)'", text)  # TensorStore's local file errors
   if m:
     return _errno_fault(int(m[1]), where)
-  m = re.search(r"HTTP response code: (\d{3})", text)  # TensorStore's GCS errors
+  m = re.search(r"HTTP response code:? (\d{3})", text)  # TensorStore's, TensorFlow's GCS
   if m:
     return _http_fault(int(m[1]), where)
   for words, code in _TEXT.items():
-    if words in text and (isinstance(e, OSError) or text.startswith(_STATUS)):
+    if words in text and (isinstance(e, OSError) or text.startswith(_STATUS)
+                          or module in _CLIENTS):
       return _errno_fault(code, where)
   if isinstance(e, OSError) and "Forbidden" in text:  # gcsfs's 403
     return _http_fault(403, where)

@@ -228,3 +228,19 @@ def test_a_log_write_that_fails_stops_the_run_with_its_log_kept_whole(small_disk
                   "the same command again")
   assert _lines(folder / "partial.log")[0]["key"] == "run_start"
   assert not list(bench.iterdir()) and not list((folder / "checkpoints").glob("lease-*"))
+
+
+def test_tensorboard_scalars_on_a_full_disk_turn_off_with_one_warning(small_disk, capfd):
+  from mlbench.train.telemetry import Telemetry
+
+  disk = small_disk(1)
+  tele = Telemetry(disk / "tensorboard", scalars=True, profile=None)
+  tele.evaluated(1, "eval_accuracy", 0.5)
+  small_disk.fill(disk)
+  for step in range(2, 40):  # TensorFlow buffers: the flush of some evaluation fails.
+    tele.block(step, {"loss": 1.0, "padding" * 40: 2.0}, 64, 1.0, 0.1)
+    tele.evaluated(step, "eval_accuracy", 0.5)
+  tele.close()
+  err = capfd.readouterr().err
+  assert err.count("warning: TensorBoard scalars are off from here on (disk full at ") == 1, err
+  assert not tele.writes
