@@ -81,7 +81,8 @@ def prepare(rc: RunConfig) -> Plan:
     if rc.resume is not None:
       storage.check_writable(rc.resume, "the checkpoint folder of --resume", min_free_bytes=0)
     # Room for what the runs will write (checkpoints, logs, the compile cache), counted.
-    space.check(space.needs(plan, state=space.state_bytes(plan),
+    saves = bool(rc.checkpoint_every) or rc.resume is not None
+    space.check(space.needs(plan, state=space.state_bytes(plan) if saves else 0,
                             cache=compile_cache.stats().folder))
   if plan.workload.input.prepare is not None:
     with paths.errors("cannot write the dataset under --data-dir", rc.data_dir):
@@ -120,7 +121,13 @@ def run_all(plan: Plan, *, console: Console,
   outcomes = []
   watch = peers.PeerWatch(plan.runtime.process_index, plan.runtime.process_count).start()
   for index, seed, rid, ckpt in todo:
-    outcome = _one(plan, Run(index, seed, rid, tuple(seed_list), ckpt), console, watch)
+    try:
+      outcome = _one(plan, Run(index, seed, rid, tuple(seed_list), ckpt), console, watch)
+    except StorageFailed as e:
+      if index == todo[-1][0]:
+        raise
+      raise StorageFailed(e.cause, e.fix, f"{e.message}; the remaining runs were not "
+                          "started") from None
     on_outcome(outcome)
     outcomes.append(outcome)
     signum = signals.requested()
