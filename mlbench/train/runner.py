@@ -121,13 +121,7 @@ def run_all(plan: Plan, *, console: Console,
   outcomes = []
   watch = peers.PeerWatch(plan.runtime.process_index, plan.runtime.process_count).start()
   for index, seed, rid, ckpt in todo:
-    try:
-      outcome = _one(plan, Run(index, seed, rid, tuple(seed_list), ckpt), console, watch)
-    except StorageFailed as e:
-      if index == todo[-1][0]:
-        raise
-      raise StorageFailed(e.cause, e.fix, f"{e.message}; the remaining runs were not "
-                          "started") from None
+    outcome = _one(plan, Run(index, seed, rid, tuple(seed_list), ckpt), console, watch)
     on_outcome(outcome)
     outcomes.append(outcome)
     signum = signals.requested()
@@ -272,7 +266,12 @@ def _guarded_one(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch)
     watch.on_lost = end.peer_lost
     return _run_and_file(plan, run, console, watch, saver, folder, end)
   except StorageFailed as e:
-    raise (e if e.final else _not_begun(plan, run, e)) from None
+    if not e.final:
+      raise _not_begun(plan, run, e) from None
+    if run.resume is None and run.index + 1 < len(run.seeds):
+      raise StorageFailed(e.cause, e.fix, f"{e.message}; the runs after it were not "
+                          "started") from None
+    raise
   finally:
     signals.on_timeout(lambda signum: None)
     watch.on_lost = lambda message: None
@@ -302,9 +301,15 @@ def _log(plan: Plan, run: Run,
 def _not_begun(plan: Plan, run: Run, e: StorageFailed) -> StorageFailed:
   """The line of a storage fault before the run began (nothing of it was written)."""
   fix = e.fix or "fix it"
-  go_on = (f"resume with: mlbench run {plan.workload.name} --resume {run.resume}"
-           if run.resume is not None else "run the same command again")
-  return StorageFailed(e.cause, e.fix, f"{e.cause}: the run did not begin; {fix} and {go_on}")
+  if run.resume is not None:
+    what, go_on = "the run did not begin", (f"resume with: mlbench run {plan.workload.name} "
+                                             f"--resume {run.resume}")
+  elif run.index:
+    what, go_on = (f"run {run.index + 1} of {len(run.seeds)} did not begin (the runs before it "
+                   "are filed)", "start the runs from it again")
+  else:
+    what, go_on = "the run did not begin", "run the same command again"
+  return StorageFailed(e.cause, e.fix, f"{e.cause}: {what}; {fix} and {go_on}")
 
 
 def _run_and_file(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch,
