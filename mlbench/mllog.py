@@ -5,6 +5,10 @@ emit MLPerf keys. Values are converted to plain Python first: mllog silently
 drops an event whose value is a JAX or TensorFlow scalar (it logs "Failed to
 encode" and moves on), which would make a log fail the checker for no visible
 reason. Only process 0 writes; on other processes `MLLog(None)` does nothing.
+
+A line that cannot be written (a full disk, a mount gone read-only) stops the run: the
+log is cut back to its last whole line, nothing more is written to it, and the write's
+fault is raised as `StorageFailed` (`mlbench.faults`), never printed by `logging`.
 """
 
 from __future__ import annotations
@@ -12,13 +16,17 @@ from __future__ import annotations
 import enum
 import logging
 import numbers
+import os
 import re
+import sys
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from mlbench import faults
 
 # mllog records the caller's file and line in every line's metadata (the seed
 # checker keys on them). The call chain is: caller -> MLLog method -> _emit ->
@@ -49,6 +57,21 @@ def plain(value: Any) -> Any:
   raise TypeError(f"cannot log a {type(value).__name__} as an MLPerf value: {value!r}")
 
 
+class _Handler(logging.FileHandler):
+  """A log file whose first failed write (a full disk, ...) is kept in `error`, not printed
+  as logging does, and after which nothing more is written (mllog catches what a handler
+  raises and would log a "Failed to encode" line instead)."""
+
+  error: BaseException | None = None
+
+  def emit(self, record: logging.LogRecord) -> None:
+    if self.error is None:
+      super().emit(record)
+
+  def handleError(self, record: logging.LogRecord) -> None:
+    self.error = self.error or sys.exc_info()[1]
+
+
 class MLLog:
   """MLPerf result log of one run, written to `path` (None: log nothing).
 
@@ -68,9 +91,16 @@ class MLLog:
     logger = logging.getLogger(f"mlbench.mllog.{uuid.uuid4().hex}")
     logger.propagate = False
     logger.setLevel(logging.INFO)
-    with open(path, "x", encoding="utf-8") as f:  # "x": never continue someone else's file.
-      f.write(prefix)
-    self._handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    try:
+      with open(path, "x", encoding="utf-8") as f:  # "x": never continue someone else's file.
+        f.write(prefix)
+        f.flush()
+    except OSError as e:
+      if not isinstance(e, FileExistsError):  # Ours, and not whole: nothing half-written.
+        Path(path).unlink(missing_ok=True)
+      raise
+    self._whole = len(prefix.encode("utf-8"))  # bytes of the log that are whole lines
+    self._handler = self._file = _Handler(path, mode="a", encoding="utf-8")
     self._handler.setFormatter(logging.Formatter("%(message)s"))
     logger.addHandler(self._handler)
     root = str(Path(__file__).resolve().parent.parent)
@@ -90,8 +120,21 @@ class MLLog:
             metadata: Mapping[str, Any] | None = None, time_ms: int | None = None) -> None:
     if self._ml is None:
       return
+    if self._file.error is not None:  # A write failed: the run stops, its log stays whole.
+      return
     meta = {k: plain(v) for k, v in (metadata or {}).items()} or None
     getattr(self._ml, kind)(key=key, value=plain(value), metadata=meta, time_ms=time_ms)
+    if self._file.error is None:
+      self._whole = os.path.getsize(self._path)
+      return
+    try:
+      self._file.close()  # Flushes what is left, which may fail again.
+    except OSError:
+      pass
+    self._handler = None
+    os.truncate(self._path, self._whole)  # Whole lines only: the torn one goes.
+    error = self._file.error
+    raise (faults.diagnose(error, self._path) or faults.Fault(str(error), "")).stop() from None
 
   # -- structure of a run ---------------------------------------------------
   def cache_clear(self, cleared: bool, time_ms: int | None = None) -> None:

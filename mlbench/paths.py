@@ -51,6 +51,9 @@ def _fresh_listings() -> None:
   if _fresh:
     return
   _fresh = True
+  from mlbench import faults
+
+  faults.watch_gcsfs()  # Its retries said once, its tracebacks off the console.
   try:
     import fsspec.config
   except ImportError:

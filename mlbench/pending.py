@@ -315,8 +315,10 @@ class PendingRun:
     self._heart.start()
     return self
 
-  def refresh(self) -> None:
-    self._heart.beat()
+  def abandon(self) -> None:
+    """Stops the heartbeat; removes the record (and log) of a run that never began."""
+    self._heart.stop()
+    self._remove()
 
   def _refresh(self) -> None:
     """One heartbeat: the log so far (in a bucket), then the record's time."""
@@ -324,9 +326,6 @@ class PendingRun:
       storage.put(self.log_path, self.pending_log)
     beat = dataclasses.replace(self._record, heartbeat=time.time())
     storage.write_atomic(self._record_path, beat.to_json())
-
-  def _finish(self) -> None:
-    self._heart.stop()
 
   def _remove(self) -> None:
     storage.remove(self.pending_log)
@@ -336,14 +335,14 @@ class PendingRun:
 
   def publish(self) -> epath.Path:
     """Files the finished log as the lowest free `result_<i>.txt`; returns it."""
-    self._finish()
+    self._heart.stop()
     result = publish(self.log_path, self.folder)
     self._remove()
     return result
 
   def shelve(self, run_folder: epath.Path) -> epath.Path:
     """Moves the log of a run that stopped early into its run folder; returns where."""
-    self._finish()
+    self._heart.stop()
     kept = shelve(self.log_path, run_folder)
     self._remove()
     return kept

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 
 from etils import epath
 
-from mlbench import paths
+from mlbench import faults, paths
 from mlbench.errors import UserError
 
 
@@ -138,8 +138,8 @@ def _create_object(dst: paths.PathLike, data: bytes) -> bool:
 
   bucket, name = paths.bucket_of(dst)
   blob = _gcs_client().bucket(bucket.split("://", 1)[1]).blob(name)
-  try:
-    blob.upload_from_string(data, if_generation_match=0)
+  try:  # Transient errors (429, 5xx) are retried with the client's policy, said once.
+    blob.upload_from_string(data, if_generation_match=0, retry=faults.gcs_retry(str(dst)))
   except exceptions.PreconditionFailed:
     # The client retries a failed upload; if the first attempt went through after
     # all, the object is ours. Logs are unique (timestamps, seed), so bytes tell.

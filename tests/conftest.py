@@ -232,6 +232,45 @@ def mlbench(tmp_path_factory):
   group.reap()
 
 
+class SmallDisks:
+  """Real file systems of a few MiB for a test: `disks(mib)` mounts a tmpfs of that size and
+  returns its folder (skipping the test where it cannot mount: not root); `disks.fill(f)`
+  fills the disk under `f` to its last byte and returns the file that does it."""
+
+  def __init__(self, folder: Path):
+    self.folder, self.mounted = folder, []
+
+  def __call__(self, mib: float) -> Path:
+    mnt = self.folder / f"disk{len(self.mounted)}"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(mib * 1024)}k", "tmpfs",
+                       str(mnt)], capture_output=True).returncode:
+      pytest.skip("cannot mount a small tmpfs here (needs root)")
+    self.mounted.append(mnt)
+    return mnt
+
+  @staticmethod
+  def fill(folder: Path) -> Path:
+    filler = Path(folder) / "filler"
+    with open(filler, "wb", buffering=0) as f:
+      try:
+        while True:
+          f.write(b"\0" * (1 << 20))
+      except OSError:  # No space left on device: full.
+        pass
+    return filler
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """small_disk(mib) -> the folder of a real file system that small (see SmallDisks);
+  `small_disk.fill(folder)` fills it. Unmounted when the test ends."""
+  disks = SmallDisks(tmp_path)
+  yield disks
+  for mnt in disks.mounted:
+    subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
 @pytest.fixture
 def write_log():
   """write_log(path, accuracies, *, seed=7, drop=(), status_success=True): a complete

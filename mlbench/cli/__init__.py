@@ -4,8 +4,10 @@ Commands parse and validate their options, then call one library function.
 JAX, Flax and TensorFlow are imported inside command bodies only, so
 `mlbench --help` answers at once. Human output goes to stderr (rich); machine
 output (one JSON line per run) goes to stdout. Bad input ends with a one-line
-`error: ...` and exit code 2, never a traceback; an unexpected exception with a short one
-without library frames and exit code 70 (`mlbench.cli.crash`).
+`error: ...` and exit code 2, never a traceback; a run whose storage fails (a full disk,
+a refused write) with one `error: ...` line naming the cause and the `--resume` that
+continues it, exit code 75; an unexpected exception with a short traceback without
+library frames and exit code 70 (`mlbench.cli.crash`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from mlbench.cli.data import data_group
 from mlbench.cli.info import describe_cmd, list_cmd
 from mlbench.cli.run import run_cmd
 from mlbench.cli.validate import validate_cmd
-from mlbench.errors import Interrupted, UserError
+from mlbench.errors import Interrupted, StorageFailed, UserError
 from mlbench.train import runtime
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -61,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
   except Interrupted as e:  # A stop by signal: say what was kept; exit 128 + signal.
     click.echo(e.message, err=True)
     return 128 + e.signum
+  except StorageFailed as e:  # A write the run needs failed: the cause, what was kept, --resume.
+    click.echo(f"error: {e.message}", err=True)
+    return e.EXIT_CODE
   except click.exceptions.NoSuchOption as e:
     hint = f"; did you mean {', '.join(e.possibilities)}?" if e.possibilities else ""
     return _fail(f"no such option {e.option_name}{hint} (see `mlbench {e.ctx.info_name} --help`)"

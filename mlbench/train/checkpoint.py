@@ -20,8 +20,9 @@ host writes to; orbax's multi-host protocol has process 0 commit the step once
 all have written. Restoring (`mlbench.train.restore`) reshards onto whatever mesh
 the resumed run has (a smaller pod after a failure) and skips a damaged checkpoint.
 
-Each save's full duration (until orbax commits it, in the background) is measured:
-a stop by signal allows the final save twice the longest (`signals.allow_for_saves`).
+Each save's full duration (until orbax commits it) is measured: a stop by signal allows
+the final save twice the longest (`signals.allow_for_saves`). A save that fails is one
+warning, and the run goes on; too many in a row stop it (`failed_saves`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import jax
 
 from mlbench import paths
 from mlbench.errors import UserError
-from mlbench.train import restore as restore_lib, signals
+from mlbench.train import failed_saves, restore as restore_lib, signals
 from mlbench.train.restore import abstract_state, continue_clock, read_meta, restore
 from mlbench.train.runrecord import FINISHED_FILE, RUN_FILE, RunRecord, find_run
 
@@ -106,11 +107,14 @@ class Checkpoints:
   """
 
   def __init__(self, directory: paths.Path, every: int, clock: Any, result: Any,
-               log_path: pathlib.Path | None):
+               log_path: pathlib.Path | None, say: Callable[[str], None] | None = None):
     self.directory = paths.path(directory)
     self._every = every
     self._clock, self._result, self._log_path = clock, result, log_path
+    failed_saves.quiet()
     self._mgr = manager(self.directory, on_saved=self._saved)
+    self._failures = failed_saves.FailedSaves(self.directory, say)
+    self._in_flight: int | None = None  # the step of the save not yet waited for
     self._last: _Snapshot | None = None
     self.saves: list[tuple[int, float]] = []  # (step, seconds the loop waited)
     self.durations: list[float] = []  # seconds from each save's start to its commit
@@ -140,16 +144,40 @@ class Checkpoints:
     # or two apart from the others: a final save of "my last step" would leave
     # steps that hold one process's shards only. The periodic saves are at the
     # same steps everywhere, so a multi-process run keeps the latest of those.
-    if snap is None or jax.process_count() > 1:
+    self.settle(stop=False)
+    if snap is not None and jax.process_count() == 1 and snap.step != self.newest():
+      self._save(snap, stop=False)
+      self.settle(stop=False)
+    return self.newest()
+
+  def settle(self, *, stop: bool = True) -> None:
+    """Waits for the save in flight; a failure is said (`failed_saves`), and a fresh manager
+    goes on (orbax's re-raises it); with `stop`, the LIMIT-th in a row raises StorageFailed."""
+    step, self._in_flight = self._in_flight, None
+    try:
       self._mgr.wait_until_finished()
-      return self._mgr.latest_step()
-    if snap.step != self._mgr.latest_step():
-      self._save(snap)
-    self._mgr.wait_until_finished()
-    return snap.step
+    except Exception as e:  # orbax and TensorStore raise plain Exceptions.
+      self._started.clear()  # No commit will come for it.
+      self._renew()
+      self._failures.failed(step, e, self.newest(), stop=stop)
+      return
+    if step is not None:
+      self._failures.succeeded()
+
+  def newest(self) -> int | None:
+    return self._mgr.latest_step()  # The newest committed step.
+
+  def _renew(self) -> None:
+    failed_saves.release_waiters()
+    try:
+      self._mgr.close()
+    except Exception:  # The failure it raises again was reported.
+      pass
+    self._mgr = manager(self.directory, on_saved=self._saved)
 
   def close(self) -> None:
-    self._mgr.wait_until_finished()
+    """Waits for the save in flight (a failure only warns: nothing waits for it); stops."""
+    self.settle(stop=False)
     self._mgr.close()
 
   def _meta(self, snap: _Snapshot) -> dict[str, Any]:
@@ -163,10 +191,11 @@ class Checkpoints:
     return {"step": snap.step, "log": log, "marks": snap.marks, "segments": segments,
             "evals": snap.evals, "input_wait_s": snap.input_wait_s, "taken": snap.taken}
 
-  def _save(self, snap: _Snapshot) -> None:
+  def _save(self, snap: _Snapshot, *, stop: bool = True) -> None:
     import orbax.checkpoint as ocp
 
     t0 = time.perf_counter()
+    self.settle(stop=stop)  # orbax's save() waits for it too; here a failure is said.
     self._started.append(t0)
     # The step loop forbids implicit transfers; saving is an intended one.
     with jax.transfer_guard("allow"):
@@ -175,9 +204,15 @@ class Checkpoints:
         self._mgr.save(snap.step, force=True, args=ocp.args.Composite(
             state=ocp.args.PyTreeSave(state), sums=ocp.args.PyTreeSave(snap.sums),
             meta=ocp.args.JsonSave(self._meta(snap))))
-      except BaseException:
+      except Exception as e:  # Failed at once (a folder it could not create, ...).
         self._started.pop()  # No commit will come for it.
+        self._renew()
+        self._failures.failed(snap.step, e, self.newest(), stop=stop)
+        return
+      except BaseException:
+        self._started.pop()
         raise
+    self._in_flight = snap.step
     waited = time.perf_counter() - t0
     self._clock.add("checkpoint", waited)
     self.saves.append((snap.step, waited))
@@ -288,7 +323,7 @@ class RunSaver:
 
   def start(self, clock: Any, result: Any, log: Any) -> None:
     """Begins saving (after the state exists and the clock runs)."""
-    self._ckpts = Checkpoints(self.directory, self.every, clock, result, log.path)
+    self._ckpts = Checkpoints(self.directory, self.every, clock, result, log.path, say=self._say)
 
   def after_step(self, step: int, state: Any, sums: Any) -> None:
     self._ckpts.after_step(step, state, sums)
@@ -301,6 +336,14 @@ class RunSaver:
     """Waits for the saves in flight and stops saving."""
     if self._ckpts is not None:
       self._ckpts.close()
+
+  def abandon(self) -> int | None:
+    """Stops saving without a final save (the storage fails); returns the newest committed
+    step, the one to resume from (None: there is none)."""
+    if self._ckpts is None:
+      return self.step
+    self._ckpts.close()
+    return self._ckpts.newest()
 
   @property
   def saves(self) -> list[tuple[int, float]]:

@@ -8,7 +8,9 @@ evaluation never costs its result, and a watchdog that ends the process finds it
 filed. A run stopped early (a signal, the watchdog, a lost peer, a crash) gets
 `run_stop` (aborted) and its log moves to its run folder as `partial.log`, never
 counted. Whichever comes first happens, once; the lease on the run folder is let
-go either way.
+go either way. A run stopped because its storage fails (`StorageFailed`: the log,
+the result, the checkpoints cannot be written) is kept the same way, without a final
+checkpoint, and where even that cannot be written its log stays, whole, where it was.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Any
 
 from rich.console import Console
 
-from mlbench import paths, storage
+from mlbench import faults, paths, storage
+from mlbench.errors import StorageFailed
 from mlbench.mllog import MLLog
 from mlbench.pending import PendingRun
 from mlbench.train import signals
@@ -47,18 +50,28 @@ class RunEnd:
     self._saver, self._lease, self._console = saver, lease, console
     self._lock = threading.Lock()
     self._state = RUNNING
+    self._ended = False  # run_stop is logged
     self._where: paths.Path | None = None
 
   def _keep(self, stopped: bool) -> paths.Path | None:
     """Closes the log (with run_stop aborted if `stopped`) and moves it out of the result
-    folder, where nothing may count it. The caller holds the lock."""
+    folder, where nothing may count it. The caller holds the lock. Where the storage fails,
+    the log stays whole where it is (the next run there moves it)."""
     if self._state == RUNNING:
       self._state = KEPT
-      if stopped:
-        self.log.run_stop(False)
+      try:
+        if stopped and not self._ended:
+          self.log.run_stop(False)
+      except StorageFailed:  # The log ends at its last whole line.
+        pass
       self.log.close()
       if self._pending is not None:
-        self._where = self._pending.shelve(self._folder)
+        try:
+          self._where = self._pending.shelve(self._folder)
+        except Exception as e:  # Kept where it was written, if the storage fails there too.
+          if faults.diagnose(e, self._folder) is None:
+            raise
+          self._where = paths.path(self._pending.log_path)  # local (a bucket's spool)
     return self._where
 
   def finished(self) -> paths.Path | None:
@@ -68,6 +81,7 @@ class RunEnd:
       if self._state != RUNNING:
         return None
       self.log.close()
+      self._ended = True
       if self._lease is not None and not self._lease.ours():
         self._state = KEPT
         self._where = self._pending.shelve(self._folder)
@@ -76,14 +90,28 @@ class RunEnd:
                             f"{self._where}, not filed", style="red", highlight=False,
                             markup=False)
         return None
+      if self._pending is not None:  # Not filed, the run can be resumed: StorageFailed.
+        with faults.needed(self._pending.folder):
+          self._where = self._pending.publish()
       self._state = FILED
-      if self._pending is not None:
-        self._where = self._pending.publish()
       if self._saver is not None and self._where is not None:
-        storage.write_new(self._saver.directory / FINISHED_FILE,
-                          json.dumps({"log": str(self._where)}) + "\n")
+        self._mark_finished()
     self.release()  # Filed: nothing may continue the run folder now.
     return self._where
+
+  def _mark_finished(self) -> None:
+    """finished.json in the checkpoint folder; where it cannot be written, --resume still
+    refuses the run, finding its log among the results."""
+    try:
+      storage.write_new(self._saver.directory / FINISHED_FILE,
+                        json.dumps({"log": str(self._where)}) + "\n")
+    except Exception as e:
+      fault = faults.diagnose(e, self._saver.directory)
+      if fault is None:
+        raise
+      self._console.print(f"warning: the run is filed, but {FINISHED_FILE} could not be "
+                          f"written ({fault.cause})", style="yellow", highlight=False,
+                          markup=False)
 
   def release(self) -> None:
     """Lets the run folder go (idempotent)."""
@@ -109,6 +137,23 @@ class RunEnd:
                      "resumable)")
     return (f"{what}, the checkpoint of step {step} in {self._saver.directory}; resume with: "
             f"mlbench run {self._name} --resume {self._saver.directory}")
+
+  def storage_failed(self, e: StorageFailed) -> str:
+    """A write the run needs failed: no final checkpoint (the storage fails), the saves in
+    flight waited for, the log kept; returns the one-line message."""
+    step = self._saver.abandon() if self._saver is not None else None
+    with self._lock:
+      kept = self._keep(stopped=True)
+    self.release()
+    what = e.cause + (f": the partial log is kept at {kept}" if kept is not None else "")
+    fix = e.fix or "fix it"
+    if step is None:
+      return what + (f"; no checkpoint to resume from; {fix} and run the same command again"
+                     if self._saver is not None else
+                     f"; no checkpoint to resume from (use --checkpoint-every N to make runs "
+                     f"resumable); {fix} and run the same command again")
+    return (f"{what}, the checkpoint of step {step} in {self._saver.directory}; {fix} and "
+            f"resume with: mlbench run {self._name} --resume {self._saver.directory}")
 
   def cut_short(self, signum: int) -> None:
     """The watchdog's last words when the run could not stop in time."""

@@ -18,12 +18,12 @@ from collections.abc import Callable
 
 from rich.console import Console
 
-from mlbench import compliance, config as config_lib, paths, results, storage
+from mlbench import compliance, config as config_lib, faults, paths, results, storage
 from mlbench import pending as pending_lib
 from mlbench.train import checkpoint, loop, peers, resume, runtime as runtime_lib, signals
-from mlbench.train import telemetry
+from mlbench.train import compile_cache, space, telemetry
 from mlbench.config import RunConfig
-from mlbench.errors import Interrupted, UserError
+from mlbench.errors import Interrupted, StorageFailed, UserError
 from mlbench.mllog import MLLog
 from mlbench.train.filing import RunEnd
 from mlbench.train.lease import Lease
@@ -75,11 +75,15 @@ def prepare(rc: RunConfig) -> Plan:
     # A link out of --results-dir, or a folder (or bucket) that cannot be written,
     # fails now, before the data is prepared and before any compile.
     results.benchmark_dir(rc.results_dir, plan.system, plan.workload.benchmark)
-    storage.check_writable(rc.results_dir, "--results-dir", parents=True)
+    storage.check_writable(rc.results_dir, "--results-dir", parents=True, min_free_bytes=0)
     if rc.checkpoint_dir is not None:
-      storage.check_writable(rc.checkpoint_dir, "--checkpoint-dir")
+      storage.check_writable(rc.checkpoint_dir, "--checkpoint-dir", min_free_bytes=0)
     if rc.resume is not None:
-      storage.check_writable(rc.resume, "the checkpoint folder of --resume")
+      storage.check_writable(rc.resume, "the checkpoint folder of --resume", min_free_bytes=0)
+    # Room for what the runs will write (checkpoints, logs, the compile cache), counted.
+    saves = bool(rc.checkpoint_every) or rc.resume is not None
+    space.check(space.needs(plan, state=space.state_bytes(plan) if saves else 0,
+                            cache=compile_cache.stats().folder))
   if plan.workload.input.prepare is not None:
     with paths.errors("cannot write the dataset under --data-dir", rc.data_dir):
       plan.workload.input.prepare(plan.cfg, rc.data_dir)
@@ -192,12 +196,14 @@ def _saver(plan: Plan, run: Run,
   ckpt_dir = (rc.checkpoint_dir / run.run_id if rc.checkpoint_dir is not None
               else folder / "checkpoints")
   if plan.runtime.is_leader:
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    record = new_record(plan, run.run_id, run.seeds, run.index)
-    storage.write_new(ckpt_dir / checkpoint.RUN_FILE, record.to_json())
+    with faults.needed(ckpt_dir):
+      ckpt_dir.mkdir(parents=True, exist_ok=True)
+      record = new_record(plan, run.run_id, run.seeds, run.index)
+      storage.write_new(ckpt_dir / checkpoint.RUN_FILE, record.to_json())
     if rc.checkpoint_dir is not None:  # The run folder says where its checkpoints are.
-      folder.mkdir(parents=True, exist_ok=True)
-      storage.write_new(folder / "checkpoints.txt", f"{paths.resolve(ckpt_dir)}\n")
+      with faults.needed(folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        storage.write_new(folder / "checkpoints.txt", f"{paths.resolve(ckpt_dir)}\n")
   lease = _own(plan, ckpt_dir, run.run_id, f"the checkpoint folder {ckpt_dir}", console)
   return checkpoint.RunSaver(ckpt_dir, rc.checkpoint_every), folder, lease
 
@@ -246,20 +252,26 @@ def _one(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch) -> Outc
 
 
 def _guarded_one(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch) -> Outcome:
-  saver, folder, lease = _saver(plan, run, console)
+  try:
+    saver, folder, lease = _saver(plan, run, console)
+  except StorageFailed as e:
+    raise _not_begun(plan, run, e) from None
   end = None
   try:
     if plan.runtime.is_leader and saver is not None and saver.resuming:
       _refuse_if_published(plan, saver)
-    pending = (pending_lib.PendingRun(results.benchmark_dir(
-        plan.rc.results_dir, plan.system, plan.workload.benchmark), run.run_id).start()
-               if plan.runtime.is_leader else None)
-    log = MLLog(pending.log_path if pending else None,
-                prefix=saver.meta["log"] if saver and saver.resuming else "")
+    log, pending = _log(plan, run, saver)
     end = RunEnd(plan.workload.name, log, pending, folder, saver, lease, console)
     signals.on_timeout(end.cut_short)
     watch.on_lost = end.peer_lost
     return _run_and_file(plan, run, console, watch, saver, folder, end)
+  except StorageFailed as e:
+    if not e.final:
+      raise _not_begun(plan, run, e) from None
+    if run.resume is None and run.index + 1 < len(run.seeds):
+      raise StorageFailed(e.cause, e.fix, f"{e.message}; the runs after it were not "
+                          "started") from None
+    raise
   finally:
     signals.on_timeout(lambda signum: None)
     watch.on_lost = lambda message: None
@@ -267,6 +279,37 @@ def _guarded_one(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch)
       end.release()
     elif lease is not None:
       lease.release()
+
+
+def _log(plan: Plan, run: Run,
+         saver: checkpoint.RunSaver | None) -> tuple[MLLog, pending_lib.PendingRun | None]:
+  """The run's log (and on process 0 its pending record): writes it cannot do without."""
+  if not plan.runtime.is_leader:
+    return MLLog(None), None
+  folder = results.benchmark_dir(plan.rc.results_dir, plan.system, plan.workload.benchmark)
+  with faults.needed(folder):
+    pending = pending_lib.PendingRun(folder, run.run_id).start()
+  try:
+    with faults.needed(folder):
+      return MLLog(pending.log_path, prefix=saver.meta["log"] if saver and saver.resuming
+                   else ""), pending
+  except BaseException:
+    pending.abandon()
+    raise
+
+
+def _not_begun(plan: Plan, run: Run, e: StorageFailed) -> StorageFailed:
+  """The line of a storage fault before the run began (nothing of it was written)."""
+  fix = e.fix or "fix it"
+  if run.resume is not None:
+    what, go_on = "the run did not begin", (f"resume with: mlbench run {plan.workload.name} "
+                                             f"--resume {run.resume}")
+  elif run.index:
+    what, go_on = (f"run {run.index + 1} of {len(run.seeds)} did not begin (the runs before it "
+                   "are filed)", "start the runs from it again")
+  else:
+    what, go_on = "the run did not begin", "run the same command again"
+  return StorageFailed(e.cause, e.fix, f"{e.cause}: {what}; {fix} and {go_on}")
 
 
 def _run_and_file(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch,
@@ -283,6 +326,8 @@ def _run_and_file(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch
     result.log = end.finished()  # Before any wait: a signal from now on costs nothing.
   except Interrupted as e:
     raise Interrupted(e.signum, end.interrupted(e.signum)) from None
+  except StorageFailed as e:  # Stopped as a preemption stops it, without a final save.
+    raise StorageFailed(e.cause, e.fix, end.storage_failed(e)) from None
   except BaseException:
     end.crashed()
     watch.settle()  # A collective that failed because a peer died: say which one.

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mlbench import faults
 from mlbench.errors import UserError
 
 
@@ -96,21 +99,31 @@ class Telemetry:
   def block(self, step: int, metrics: dict[str, float], samples: int, seconds: float,
             input_wait_s: float) -> None:
     """Scalars of a finished block of training (`samples` in `seconds` of wall time)."""
-    if self._writer is None:
-      return
     rate = samples / seconds if seconds > 0 else 0.0
-    for name, value in metrics.items():
-      self._writer.scalar(f"train/{name}", value, step)
-    self._writer.scalar("perf/samples_per_s", rate, step)
+    scalars = {f"train/{name}": value for name, value in metrics.items()}
+    scalars["perf/samples_per_s"] = rate
     if self._flops and self._peak:
-      self._writer.scalar("perf/mfu", rate * self._flops / self._peak, step)
-    self._writer.scalar("perf/input_wait_fraction",
-                        input_wait_s / seconds if seconds > 0 else 0.0, step)
+      scalars["perf/mfu"] = rate * self._flops / self._peak
+    scalars["perf/input_wait_fraction"] = input_wait_s / seconds if seconds > 0 else 0.0
+    self._write(lambda w: [w.scalar(k, v, step) for k, v in scalars.items()])
 
   def evaluated(self, step: int, key: str, value: float) -> None:
-    if self._writer is not None:
-      self._writer.scalar(f"eval/{key}", value, step)
-      self._writer.flush()
+    self._write(lambda w: (w.scalar(f"eval/{key}", value, step), w.flush()))
+
+  def _write(self, write: Callable[[Any], Any]) -> None:
+    """Scalars are a view of the run, not part of it: storage that fails under them (a
+    full disk) turns them off, with one warning, and the run goes on."""
+    if self._writer is None:
+      return
+    try:
+      write(self._writer)
+    except Exception as e:  # TensorFlow's own errors
+      fault = faults.diagnose(e, self.logdir)
+      if fault is None:
+        raise
+      self._writer = None
+      print(f"warning: TensorBoard scalars are off from here on ({fault.cause})",
+            file=sys.stderr)
 
   def close(self) -> None:
     """Ends a trace the run stopped inside of; flushes and closes the event file."""
@@ -119,9 +132,8 @@ class Telemetry:
       self._step = None
     if self._tracing:
       self._stop()
-    if self._writer is not None:
-      self._writer.close()
-      self._writer = None
+    self._write(lambda w: w.close())
+    self._writer = None
 
 
 def for_run(plan: Any, folder: Path) -> Telemetry:

@@ -1,4 +1,6 @@
-"""A real Cloud Storage server for the bucket tests: Google's fake-gcs-server, one per session.
+"""A real Cloud Storage server for the bucket tests: Google's fake-gcs-server, one per session,
+reached through a proxy that answers chosen requests with HTTP errors (`faulty_gcs.py`;
+the `gcs_faults` fixture), so a bucket's faults are injected on the wire.
 
 The harness reaches it only through the environment every GCS client reads, set
 here and nowhere in mlbench: `STORAGE_EMULATOR_HOST` (google-cloud-storage and
@@ -18,6 +20,7 @@ import threading
 import uuid
 
 import pytest
+from faulty_gcs import FaultyGCS  # tests/storage/faulty_gcs.py
 
 ENV = {"EPATH_USE_TF": "false", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
        "GOOGLE_CLOUD_PROJECT": "mlbench-test"}
@@ -32,7 +35,8 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def gcs_server():
-  """The server's URL; the environment points every client at it for the session."""
+  """The proxy in front of the server (its `url`); the environment points every client at
+  it for the session."""
   saved = {k: os.environ.get(k) for k in ("TENSORSTORE_GCS_HTTP_URL", "STORAGE_EMULATOR_HOST")}
   if os.environ.get("EPATH_USE_TF", "").lower() not in ("false", "no", "f", "0"):
     pytest.skip("EPATH_USE_TF is set: etils.epath would use TensorFlow's GCS client, which "
@@ -47,14 +51,24 @@ def gcs_server():
   # It logs every request on stderr, into a pipe nobody reads: drain it, or the
   # server blocks once the pipe is full.
   threading.Thread(target=lambda: [None for _ in server._process.stderr], daemon=True).start()
-  os.environ["TENSORSTORE_GCS_HTTP_URL"] = server.url
-  yield server.url
+  proxy = FaultyGCS(server.url)
+  os.environ["STORAGE_EMULATOR_HOST"] = os.environ["TENSORSTORE_GCS_HTTP_URL"] = proxy.url
+  yield proxy
+  proxy.close()
   server.stop()
   for k, v in saved.items():
     if v is None:
       os.environ.pop(k, None)
     else:
       os.environ[k] = v
+
+
+@pytest.fixture
+def gcs_faults(gcs_server) -> FaultyGCS:
+  """The proxy in front of the server: `gcs_faults.fail(pattern, status, times)` injects
+  HTTP errors (see faulty_gcs.py); its rules are cleared when the test ends."""
+  yield gcs_server
+  gcs_server.clear()
 
 
 @pytest.fixture
