@@ -85,6 +85,16 @@ def split_overrides(assignments: Sequence[str]) -> tuple[tuple[str, ...], Harnes
           override(HarnessConfig(), ours))
 
 
+def configured(workload: Workload, name_or_path: str | None,
+               assignments: Sequence[str]) -> tuple[str, Any, HarnessConfig]:
+  """The one place a request's config is read (`run`, `check`): the config's name, the
+  workload config with its `--set` keys applied, and the harness's sections with theirs
+  (`pipeline.microbatches`), which no workload config has."""
+  name, cfg = load(workload, name_or_path)
+  ours, harness = split_overrides(assignments)
+  return name, override(cfg, ours), harness
+
+
 def default_cache_dir() -> Path:
   """Where generated datasets and derived checker rules live by default."""
   env = os.environ.get("MLBENCH_CACHE_DIR")
@@ -140,7 +150,8 @@ class RunConfig:
     weight_update_sharding: shard the optimizer state and the weight update
       over the data-parallel replicas (Xu et al. 2020).
     bn_group_size: batch-norm statistics over groups of this many data-parallel
-      devices (None: over the whole global batch).
+      devices (None: as the config's `model.bn_group_examples` says, else over the
+      whole global batch).
     input_mode: deterministic or fast input pipelines.
     coordinator, num_processes, process_id: jax.distributed settings for a
       multi-host run (None: auto-detected on TPU pods and SLURM, else 1 process).

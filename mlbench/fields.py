@@ -10,8 +10,9 @@ path in front of the key (`attention_chunk` -> `model.attention_chunk`).
 Every top-level config extends `WorkloadConfig` (or `EpochConfig`), which owns its
 sections and the batch sizes and their checks. A few fields mean the same in every config that has them, and the
 harness reads or sets them by their typed value (`Field`): the compute dtype
-(`--precision`), the remat policy and scanned layers (hints in messages). This module
-imports nothing heavy.
+(`--precision`), the remat policy and scanned layers (hints in messages), the examples per
+batch-norm group. Fields marked as architecture switches (`switch`) are refused away from
+the reference by closed runs under MLPerf rules. This module imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -216,6 +217,54 @@ def _replace(node: Any, path: list[str], value: Any, prefix: str) -> Any:
     return dataclasses.replace(node, **{head: value})
   except ConfigError as e:
     raise e.under(prefix) from None
+
+
+def switch(reference: Any) -> Any:
+  """A config field that picks another architecture than the benchmark's model (BoT50's
+  attention blocks in ResNet-50): its default is the reference's value, and a closed run
+  under an MLPerf round's rules refuses any other (`switched`)."""
+  return dataclasses.field(default=reference, metadata={"switch": True})
+
+
+def provisional(value: Any, why: str) -> Any:
+  """A config field whose default has no source yet (`why` says what is missing): while a
+  config keeps that value, `describe` and `check`'s time to train say it is provisional."""
+  return dataclasses.field(default=value, metadata={"provisional": why})
+
+
+def _marked(cfg: Any, mark: str, prefix: str = "") -> list[tuple[str, Any, Any, Any]]:
+  """(key, value, default, the mark's note) of each field of the tree `cfg` with `mark`."""
+  out = []
+  for f in dataclasses.fields(cfg):
+    value = getattr(cfg, f.name)
+    if dataclasses.is_dataclass(value):
+      out += _marked(value, mark, f"{prefix}{f.name}.")
+    elif mark in f.metadata:
+      out.append((f"{prefix}{f.name}", value, f.default, f.metadata[mark]))
+  return out
+
+
+def _shown(value: Any) -> Any:
+  return value.value if isinstance(value, enum.Enum) else value
+
+
+def switched(cfg: Any) -> list[tuple[str, Any, Any]]:
+  """(key, value, reference value) of each `switch` field of `cfg` set away from its
+  reference value, enums as their values."""
+  return [(key, _shown(value), _shown(default))
+          for key, value, default, _ in _marked(cfg, "switch") if value != default]
+
+
+def provisionals(cfg: Any) -> dict[str, tuple[Any, str]]:
+  """{key: (value, what its source lacks)} of each `provisional` field of `cfg` still at
+  its unsourced default."""
+  return {key: (_shown(value), why) for key, value, default, why in _marked(cfg, "provisional")
+          if value == default}
+
+
+BN_GROUP_EXAMPLES = Field("model.bn_group_examples", int)
+"""Examples a batch-norm group normalises over (0: the whole global batch); the harness
+turns it into groups of data-parallel devices unless --bn-group-size says otherwise."""
 
 
 PRECISION = Field("model.dtype", DType)

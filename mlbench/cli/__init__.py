@@ -21,6 +21,7 @@ from mlbench.cli.info import describe_cmd, list_cmd
 from mlbench.cli.run import run_cmd
 from mlbench.cli.validate import validate_cmd
 from mlbench.errors import Interrupted, UserError
+from mlbench.train import runtime
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -52,6 +53,7 @@ def _fail(message: str, code: int = 2) -> int:
 def main(argv: list[str] | None = None) -> int:
   """Entry point of the `mlbench` console script; returns the exit code."""
   crash.debugging()  # before anything imports JAX
+  runtime.cpu_only_without_accelerator()  # no libtpu noise on a CPU machine, any command
   try:
     result = cli.main(args=argv, prog_name="mlbench", standalone_mode=False)
   except UserError as e:

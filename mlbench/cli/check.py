@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -11,6 +12,10 @@ from mlbench.pod.hlo import COLLECTIVES
 from mlbench.cli import output
 from mlbench.cli.scaling import scaling_config, scaling_options
 from mlbench.config import RunConfig
+
+if TYPE_CHECKING:
+  from mlbench.pod.predict import Convergence
+  from mlbench.train.plan import Plan
 
 
 @click.command("check")
@@ -50,7 +55,7 @@ def check_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...]
   rc = RunConfig(workload=workload, config=config_name, overrides=tuple(overrides),
                  cpu_devices=cpu_devices, **scaling_config(scaling))
   plan, note = _topology_plan(rc, topology) if topology else _local_plan(rc)
-  report = check.dry_run(plan, topology=topology, convergence=_convergence(plan, log))
+  report = check.dry_run(plan, topology=topology, convergence=convergence(plan, log))
   axes = parallel.report(plan, report)  # the spatial and stage axes, where the mesh has them
   console = output.console()
   _print(report, console)
@@ -95,15 +100,26 @@ def _topology_plan(rc: RunConfig, name: str):
   return make_plan(rc, runtime, machine=topology.machine(slice_, runtime.devices)), note
 
 
-def _convergence(plan, from_log):
+def convergence(plan: Plan, from_log: Any) -> Convergence:
+  """Samples to converge for the time to train: from a real run's log, MLPerf's reference
+  convergence points, else the config's budget; its source names any provisional config
+  values (no source yet: `mlbench.fields.provisional`) the prediction rests on."""
+  from mlbench import fields
   from mlbench.pod import predict
 
   if from_log is not None:
-    return predict.from_log(from_log, plan.rule, plan.schedule.train_examples)
-  return (predict.from_rcps(plan.rule, plan.gbs, plan.schedule.train_examples)
-          or predict.Convergence(samples=plan.schedule.max_train_samples,
-                                 source="the config's training budget (an upper bound: no "
-                                        "reference convergence points for these rules)"))
+    found = predict.from_log(from_log, plan.rule, plan.schedule.train_examples)
+  else:
+    found = (predict.from_rcps(plan.rule, plan.gbs, plan.schedule.train_examples)
+             or predict.Convergence(samples=plan.schedule.max_train_samples,
+                                    source="the config's training budget (an upper bound: no "
+                                           "reference convergence points for these rules)"))
+  marked = fields.provisionals(plan.cfg)
+  if not marked:
+    return found
+  values = ", ".join(f"{k}={v!r}" for k, (v, _) in marked.items())
+  return dataclasses.replace(found, source=f"{found.source}; PROVISIONAL: {values} have no "
+                                           "source (mlbench describe lists why)")
 
 
 def _mib(n: float) -> str:

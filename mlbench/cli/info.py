@@ -58,7 +58,7 @@ def describe_cmd(workload: str, config_name: str | None, ruleset: str | None,
 
 def _description(w, name, cfg, ruleset) -> dict:
   """What `describe --json` prints for one config."""
-  from mlbench import config as config_lib, rules
+  from mlbench import config as config_lib, fields, rules
   from mlbench.train import steps
 
   rule = rules.load(w.benchmark, ruleset or rules.default_ruleset(w.benchmark, name, w.rulesets))
@@ -77,6 +77,8 @@ def _description(w, name, cfg, ruleset) -> dict:
       "ruleset": rule.ruleset,
       "quality": {"key": rule.quality.key, "target": rule.quality.target,
                   "direction": rule.quality.direction.value},
+      "provisional": {key: {"value": value, "why": why}
+                      for key, (value, why) in fields.provisionals(cfg).items()},
       **({"references": references(w)} if name == "full" else {}),
   }
 
@@ -96,7 +98,7 @@ def _one_device_context():
 def _describe_one(console, w, name, cfg, ruleset) -> None:
   from rich.table import Table
 
-  from mlbench import config as config_lib, rules
+  from mlbench import config as config_lib, fields, rules
   from mlbench.train import steps
   from mlbench.train.plan import harness_hparams
 
@@ -115,9 +117,12 @@ def _describe_one(console, w, name, cfg, ruleset) -> None:
   table = Table(title="hyperparameters (--set KEY=VALUE)", title_justify="left")
   table.add_column("key")
   table.add_column("value")
+  marked = fields.provisionals(cfg)
   for k, v in config_lib.flatten(cfg).items():
-    table.add_row(k, repr(v))
+    table.add_row(k, f"[yellow]{v!r} (provisional)" if k in marked else repr(v))
   console.print(table)
+  for key, (value, why) in marked.items():
+    console.print(f"[yellow]provisional[/] {key}={value!r}: {why}", highlight=False)
   logged = {**harness_hparams(sched), **w.hparams(cfg, sched, ctx)}
   _describe_rule(console, rule, logged)
   if name == "full":

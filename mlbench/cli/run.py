@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from typing import TYPE_CHECKING
 
 import click
 
@@ -11,6 +12,10 @@ from mlbench.cli import output
 from mlbench.cli.scaling import scaling_config, scaling_options
 from mlbench.config import Division, RunConfig, default_cache_dir
 from mlbench.pending import STALE_AFTER_S
+
+if TYPE_CHECKING:
+  from mlbench.rules import Rule
+  from mlbench.train.runner import Outcome
 
 
 @click.command("run")
@@ -125,8 +130,24 @@ def run_cmd(ctx: click.Context, workload: str, config_name: str | None,
                             on_outcome=lambda o: _report(plan, o, console))
   if plan.runtime.is_leader and len(outcomes) > 1:
     _summary(plan, outcomes, console)
-  good = all(o.result.success and (o.check is None or o.check.passed) for o in outcomes)
+  good = all(run_status(plan.rule, plan.rc.division, o) == SUCCESS for o in outcomes)
   return 0 if good else 1
+
+
+SUCCESS = "success"
+
+
+def run_status(rule: Rule, division: Division, outcome: Outcome) -> str:
+  """A run's status under `rule` in `division`: success only where it reached the target
+  and nothing judged it non-compliant (the official checker on its log, the rules' init
+  limit); a run that reached the target and failed a check is "not compliant", never a
+  success (its log's run_stop still says what the loop saw: the target was reached)."""
+  r = outcome.result
+  if not r.success:
+    return "aborted"
+  init_ok = r.init_s <= rule.init_limit_minutes[division.value] * 60
+  checked = outcome.check is None or outcome.check.passed
+  return SUCCESS if init_ok and checked else "not compliant"
 
 
 def _start_key(workload: str) -> str:
@@ -160,11 +181,11 @@ def _report(plan, outcome, console) -> None:
     return
   from mlbench.train import compile_cache
   r, check = outcome.result, outcome.check
-  status = "success" if r.success else "aborted"
+  status = run_status(plan.rule, plan.rc.division, outcome)
   last = r.evals[-1][1] if r.evals else float("nan")
   wait = 100 * r.input_wait_s / r.train_s if r.train_s else 0.0
   init_limit = plan.rule.init_limit_minutes[plan.rc.division.value] * 60
-  color = "green" if r.success else "red"
+  color = "green" if status == SUCCESS else "red"
   console.print(
       f"[{color}]run {outcome.index + 1}: {status}[/] in {r.time_to_train_s:.1f} s "
       f"(epoch {r.epoch:g}, {plan.rule.quality.key}={last:.4f}); "
@@ -246,11 +267,12 @@ def _summary(plan, outcomes, console) -> None:
     table.add_column(col, justify="right" if col not in ("status", "log") else "left")
   for o in outcomes:
     r = o.result
-    table.add_row(str(o.index + 1), str(r.seed), "success" if r.success else "aborted",
+    table.add_row(str(o.index + 1), str(r.seed), run_status(plan.rule, plan.rc.division, o),
                   f"{r.time_to_train_s:.1f}", f"{r.epoch:g}", f"{r.samples_per_s:,.0f}",
                   f"{r.flops_per_s / 1e12:,.3g}", f"{100 * r.mfu:.1f}%", str(r.log))
   console.print(table)
-  times = [o.result.time_to_train_s for o in outcomes if o.result.success]
+  times = [o.result.time_to_train_s for o in outcomes
+           if run_status(plan.rule, plan.rc.division, o) == SUCCESS]
   if times:
     console.print(f"median time to train: {statistics.median(times):.1f} s over {len(times)} "
                   f"successful runs", highlight=False)

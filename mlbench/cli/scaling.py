@@ -24,7 +24,8 @@ def scaling_options(fn):
                         "data-parallel replicas."),
       click.option("--bn-group-size", type=click.IntRange(min=1), envvar="MLBENCH_BN_GROUP_SIZE",
                    help="Batch-norm statistics over groups of this many data-parallel devices. "
-                        "[default: the whole global batch]"),
+                        "[default: the config's model.bn_group_examples examples a group "
+                        "(EfficientNet's full config: 128), else the whole global batch]"),
       click.option("--input-mode", type=click.Choice([m.value for m in InputMode]),
                    default=InputMode.DETERMINISTIC.value, show_default=True,
                    envvar="MLBENCH_INPUT_MODE",

@@ -297,8 +297,7 @@ def fit_eval_batch(rc: Any, devices: int) -> tuple[Any, str | None]:
   other = math.prod(v for k, v in (rc.mesh or ()) if k != "data") or 1
   data = max(1, devices // other)
   workload = registry.get(rc.workload)
-  _, cfg = config_lib.load(workload, rc.config)
-  cfg = config_lib.override(cfg, rc.overrides)
+  _, cfg, _ = config_lib.configured(workload, rc.config, rc.overrides)
   size = int(workload.schedule(cfg).eval_batch_size)
   if size % data == 0:
     return rc, None

@@ -156,9 +156,7 @@ def _parallelism(workload: Workload, config_name: str, cfg: Any, schedule: Sched
 def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | None = None) -> Plan:
   """Validates a run request and builds the shared plan (writes the system description)."""
   workload = registry.get(rc.workload)
-  name, cfg = config_lib.load(workload, rc.config)
-  overrides, harness = config_lib.split_overrides(rc.overrides)
-  cfg = config_lib.override(cfg, overrides)
+  name, cfg, harness = config_lib.configured(workload, rc.config, rc.overrides)
   cfg = _with_precision(cfg, name, rc.precision, runtime)
   ruleset = rc.ruleset or rules.default_ruleset(workload.benchmark, name, workload.rulesets)
   rule = rules.load(workload.benchmark, ruleset)
@@ -169,11 +167,12 @@ def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | Non
   schedule = workload.schedule(cfg)
   mesh = mesh_lib.make_mesh(dict(rc.mesh) if rc.mesh else None, devices=runtime.devices)
   _check_batches(schedule, runtime, mesh)
-  ctx = StepContext(mesh=mesh, bn_groups=_bn_groups(rc.bn_group_size, mesh, schedule),
+  ctx = StepContext(mesh=mesh, bn_groups=_bn_groups(rc.bn_group_size, mesh, schedule, cfg),
                     microbatches=_parallelism(workload, name, cfg, schedule, mesh,
                                               harness.pipeline))
   hparams = {**harness_hparams(schedule), **_random_start(workload.start, cfg),
              **workload.hparams(cfg, schedule, ctx)}
+  _closed_architecture(workload, cfg, rule, rc.division)
   problems = rule.problems(hparams, closed=rc.division is Division.CLOSED)
   if problems:
     raise UserError(f"{workload.name} ({name}) breaks the {rule.ruleset} {rule.benchmark} rules: "
@@ -189,6 +188,20 @@ def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | Non
               hparams=hparams, system=system, system_desc=description, data_dir=rc.data_dir,
               points=eval_points(schedule, rule),
               pipeline=data.PipelineOptions(deterministic=rc.input_mode is InputMode.DETERMINISTIC))
+
+
+def _closed_architecture(workload: Workload, cfg: Any, rule: rules.Rule,
+                         division: Division) -> None:
+  """A closed run under an MLPerf round's rules trains the benchmark's model: a config
+  switched to another architecture (`mlbench.fields.switch`) is an open-division run, or
+  one under unofficial rules."""
+  switched = fields.switched(cfg) if rule.official and division is Division.CLOSED else []
+  if switched:
+    sets = ", ".join(f"{key}={value}" for key, value, _ in switched)
+    ours = ", ".join(f"{key}={reference}" for key, _, reference in switched)
+    raise UserError(f"{sets} is not the model of the closed {rule.ruleset} {rule.benchmark} "
+                    f"benchmark ({workload.name}'s has {ours}): use --division open, or "
+                    "--ruleset mini")
 
 
 def start_path(start: StartPoint | None, cfg: Any) -> str:
@@ -247,11 +260,22 @@ def _with_precision(cfg: Any, config_name: str, precision: str | None, runtime: 
   return fields.PRECISION.set(cfg, fields.DType(precision))
 
 
-def _bn_groups(group_size: int | None, mesh: Any, schedule: Schedule) -> int:
-  """Batch-norm groups from --bn-group-size (data-parallel devices per group)."""
+def _bn_groups(group_size: int | None, mesh: Any, schedule: Schedule, cfg: Any) -> int:
+  """Batch-norm groups: from --bn-group-size (data-parallel devices per group), else from
+  the config's examples per group (`model.bn_group_examples`, 0 or absent: one group),
+  as EfficientNet's reference groups its replicas: max(1, examples / per-device batch)
+  devices a group (tensorflow/tpu efficientnet utils.py, DistributedBatchNormalization),
+  here the largest divisor of the data-parallel devices up to that."""
   devices = mesh_lib.data_size(mesh)
   if group_size is None:
-    return 1
+    examples = fields.BN_GROUP_EXAMPLES.get(cfg) or 0
+    per_device = schedule.global_batch_size // (devices * schedule.gradient_accumulation_steps)
+    if not examples or not per_device:
+      return 1
+    group_size = max(1, min(devices, examples // per_device))
+    while devices % group_size:
+      group_size -= 1
+    return devices // group_size
   if group_size < 1 or devices % group_size:
     raise UserError(f"--bn-group-size {group_size} must divide the {devices} data-parallel "
                     "devices")

@@ -131,6 +131,19 @@ def _accelerator_attached() -> bool:
               or glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd"))
 
 
+def cpu_only_without_accelerator() -> None:
+  """Before anything imports JAX: with no accelerator attached, JAX's platforms are the
+  CPU's (JAX_PLATFORMS=cpu) for this process and those it starts, whatever a command
+  imports. libtpu (installed for `mlbench check --topology`) otherwise brings up a TPU
+  client at JAX's first device query and prints "Failed to find host bounds ...
+  TPU_ACCELERATOR_TYPE" and an INVALID_ARGUMENT line on stderr. An explicit JAX_PLATFORMS
+  is left alone, as is a process where JAX already runs (a test calling `main`).
+  """
+  if os.environ.get("JAX_PLATFORMS") or "jax" in sys.modules or _accelerator_attached():
+    return
+  os.environ["JAX_PLATFORMS"] = "cpu"
+
+
 GPU_XLA_FLAGS = ("--xla_gpu_enable_latency_hiding_scheduler=true",)
 """XLA flags a run on GPUs gets: the latency-hiding scheduler overlaps collectives with
 compute (NVIDIA's JAX container sets it, docs.nvidia.com/jax-toolbox/environment-variables;

@@ -155,3 +155,27 @@ def test_describe_shows_berts_batch_dependent_cadence(capsys):
   # 4.0.0: every FLOOR(0.05 * (230.23 * 8192 + 3,000,000), 25,000) = 225,000 samples.
   assert main(["describe", "bert", "--config", "full"]) == 0
   assert "evaluate every 225000 samples" in capsys.readouterr().out
+
+
+def test_a_run_is_a_success_only_when_nothing_judges_it_non_compliant(tmp_path, write_log):
+  """A run that reached its target and whose log the official checker fails (or whose
+  init ran past the rules' limit) is reported "not compliant", never "success"."""
+  from mlbench import compliance, rules
+  from mlbench.cli.run import run_status
+  from mlbench.config import Division
+  from mlbench.train.loop import RunResult
+  from mlbench.train.runner import Outcome
+
+  rule = rules.load("resnet", "mini")
+  passed = compliance.check_log(write_log(tmp_path / "a.txt", [0.99]), rule, tmp_path)
+  failed = compliance.check_log(write_log(tmp_path / "b.txt", [0.99], drop=("lars_epsilon",)),
+                                rule, tmp_path)
+  assert passed.passed and not failed.passed
+
+  def status(check, success=True, init_s=1.0):
+    outcome = Outcome(0, RunResult(seed=1, success=success, init_s=init_s), check)
+    return run_status(rule, Division.CLOSED, outcome)
+
+  assert (status(passed), status(None), status(failed)) == ("success", "success", "not compliant")
+  assert status(passed, init_s=31 * 60) == "not compliant"  # past the 30 closed minutes
+  assert status(passed, success=False) == status(failed, success=False) == "aborted"

@@ -11,7 +11,7 @@ import pytest
 from mlbench import registry
 from mlbench.cli import info, main
 
-BUILT_IN = ("bert", "llama31_8b", "moe", "resnet50", "ssd", "transformer")
+BUILT_IN = ("bert", "efficientnet", "llama31_8b", "moe", "resnet50", "ssd", "transformer", "vit")
 
 
 @pytest.mark.parametrize("name", BUILT_IN)

@@ -199,6 +199,23 @@ def test_the_eval_batch_is_fitted_to_the_data_axis_and_said():
   assert check.fit_eval_batch(mine, 4096) == (mine, None)  # the user's choice stands
 
 
+def test_check_reads_the_keys_run_reads():
+  """`check` fits the eval batch to the config as `run` reads it (config.configured): the
+  harness's own keys (pipeline.microbatches) are no workload config keys."""
+  import jax
+
+  from mlbench.config import RunConfig
+  from mlbench.pod import check
+  from mlbench.train.plan import make_plan
+  from mlbench.train.runtime import Runtime
+
+  rc = RunConfig(workload="llama31_8b", mesh=(("stage", 2), ("data", 4)),
+                 overrides=("model.scan_layers=true", "pipeline.microbatches=2"))
+  assert check.fit_eval_batch(rc, 8) == (rc, None)
+  devices = jax.devices()[:8]
+  assert make_plan(rc, Runtime(0, 1, devices, devices)).ctx.microbatches == 2
+
+
 def test_every_tpu_generation_has_an_interconnect_for_the_model():
   for acc in accelerators.table().values():
     assert float(acc.ici["link_bytes_per_s"]) > 0 and acc.host_cores_per_chip > 0, acc.name

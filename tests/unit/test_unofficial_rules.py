@@ -5,6 +5,7 @@ derived rules through `mlbench validate`."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -16,16 +17,31 @@ from mlbench.train.plan import harness_hparams
 from mlbench.workload import StepContext
 
 
-@pytest.mark.parametrize("benchmark, target, every", [("efficientnet", 0.83, 10), ("vit", 0.765, 2)])
-def test_the_papers_rules_are_marked_unofficial(benchmark, target, every):
-  assert rules.rulesets(benchmark) == ["mlbench", "mini"]
-  rule = rules.load(benchmark, "mlbench")
+# MLPerf sets a target below what the reference reaches, as margin for run-to-run
+# variation: ResNet-50's 75.9% under the >76.25% standard ResNet-50 reaches
+# (mlcommons/training#60; "a conservative level", mlcommons/training_policies#72).
+MLPERF_MARGIN = 0.7625 - 0.759
+
+
+@pytest.mark.parametrize("name, reported", [("efficientnet", 0.83), ("vit", 0.765)])
+def test_targets_sit_below_the_papers_by_mlperfs_margin(name, reported):
+  """EfficientNet's 83% (Wongpanich et al.), ViT-S/16's 76.5% (big_vision's
+  vit_s16_i1k.py), less the margin, rounded down to a tenth of a point."""
+  target = rules.load(name, "mlbench").quality.target
+  assert target == math.floor((reported - MLPERF_MARGIN) * 1000) / 1000 < reported
+
+
+# (`name`, not `benchmark`: pytest-benchmark, where installed, owns that fixture name.)
+@pytest.mark.parametrize("name, target, every", [("efficientnet", 0.826, 10), ("vit", 0.761, 2)])
+def test_the_papers_rules_are_marked_unofficial(name, target, every):
+  assert rules.rulesets(name) == ["mlbench", "mini"]
+  rule = rules.load(name, "mlbench")
   assert not rule.official and (rule.quality.target, rule.evaluation.every) == (target, every)
   assert rule.checker_benchmark == "resnet" and rule.checker_ruleset == "4.0.0"
-  assert rules.default_ruleset(benchmark, "full") == "mlbench"
-  assert rules.default_ruleset(benchmark, "mini") == "mini"
+  assert rules.default_ruleset(name, "full") == "mlbench"
+  assert rules.default_ruleset(name, "mini") == "mini"
   assert predict.from_rcps(rule, 65536, 1_281_167) is None  # no reference convergence points
-  mini = rules.load(benchmark, "mini")
+  mini = rules.load(name, "mini")
   assert mini.hyperparameters == rule.hyperparameters and mini.quality.target > target
 
 
@@ -71,10 +87,10 @@ def test_validate_judges_full_logs_under_the_unofficial_rules(capsys, tmp_path):
   code, verdict = _verdict(capsys, good)
   assert (code, verdict["ruleset"], verdict["checker"]) == (0, "mlbench", "PASS")
   assert [f for f in verdict["findings"] if f["severity"] != "INFO"] == []
-  short = _log(tmp_path / "short.txt", "efficientnet", "full", "mlbench", [0.5, 0.829], 10)
+  short = _log(tmp_path / "short.txt", "efficientnet", "full", "mlbench", [0.5, 0.825], 10)
   code, verdict = _verdict(capsys, short)
   assert code == 1 and verdict["checker"] == "FAIL"
-  assert "0.83" in json.dumps(verdict["checker_findings"])
+  assert "0.826" in json.dumps(verdict["checker_findings"])
   vit = _log(tmp_path / "vit.txt", "vit", "mini", "mini", [0.6, 0.96], 2)
   code, verdict = _verdict(capsys, vit)
   assert (code, verdict["ruleset"], verdict["checker"]) == (0, "mini", "PASS")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
 
 from mlbench import config as config_lib
+from mlbench.errors import UserError
 from workloads.resnet50 import bot, config, train
 
 BOT = ("model.block=bottleneck_transformer",)
@@ -59,9 +61,15 @@ def test_relative_logits_are_the_papers():
 
 
 def test_a_strided_bot_block_runs_forward_and_backward():
+  """Its last BN scale starts at 0, as the reference's bot_block (init_zero=True), whatever
+  zero_init_last_bn says; with it at 1, gradients reach the attention's embeddings."""
   block = bot.BoTBlock(16, 2, config.mini().model)
+  assert not config.mini().model.zero_init_last_bn
   x = np.random.default_rng(1).standard_normal((2, 6, 6, 32)).astype(np.float32)
   variables = jax.jit(lambda k: block.init(k, x, train=False))(jax.random.key(0))
+  scale = variables["params"]["bn3"]["scale"]
+  assert scale.shape == (64,) and not np.asarray(scale).any()
+  variables["params"]["bn3"]["scale"] = np.ones_like(scale)
 
   def loss(params):
     y, _ = block.apply({**variables, "params": params}, x, train=True, mutable=["batch_stats"])
@@ -71,3 +79,27 @@ def test_a_strided_bot_block_runs_forward_and_backward():
   assert shape == (2, 3, 3, 64)  # 2x2 pooling after the attention, as the projection
   g = grads["mhsa"]["rel_height"]
   assert g.shape == (11, 4) and np.isfinite(g).all() and float(np.abs(g).max()) > 0
+
+
+def _plan(*, ruleset=None, division="closed"):
+  from mlbench.config import Division, RunConfig
+  from mlbench.train.plan import make_plan
+  from mlbench.train.runtime import Runtime
+
+  devices = jax.devices()[:8]
+  rc = RunConfig(workload="resnet50", config="full", overrides=BOT, ruleset=ruleset,
+                 division=Division(division))
+  return make_plan(rc, Runtime(0, 1, devices, devices))
+
+
+def test_bot50_is_no_closed_mlperf_resnet():
+  """The closed division trains the benchmark's model: BoT50 under MLPerf's ResNet rules is
+  refused in one line naming the switch, and runs in the open division or under the
+  mini rules."""
+  with pytest.raises(UserError) as e:
+    _plan()
+  assert str(e.value) == (
+      "model.block=bottleneck_transformer is not the model of the closed 4.0.0 resnet "
+      "benchmark (resnet50's has model.block=bottleneck): use --division open, or --ruleset mini")
+  assert _plan(division="open").rule.ruleset == "4.0.0"
+  assert _plan(ruleset="mini").rule.ruleset == "mini"

@@ -4,6 +4,7 @@ preprocessing on real TFRecords, the moving average it evaluates, LARS's exclusi
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import jax
 import numpy as np
@@ -94,3 +95,46 @@ def test_the_full_recipe_at_its_batch():
       cfg.optimizer, lr_scaling=config.LrScaling.LEGW), global_batch_size=16384)
   lr, warmup, _ = train.learning_rate(legw, train.schedule(legw))
   assert lr == pytest.approx(7.5) and warmup == int(12.5 * 1_281_167 / 16384)
+
+
+def _plan(*overrides, bn_group_size=None, config_name="full"):
+  from mlbench.config import RunConfig
+  from mlbench.train.plan import make_plan
+  from mlbench.train.runtime import Runtime
+
+  devices = jax.devices()[:8]
+  rc = RunConfig(workload="efficientnet", config=config_name, overrides=overrides,
+                 bn_group_size=bn_group_size)
+  return make_plan(rc, Runtime(0, 1, devices, devices))
+
+
+def test_batch_norm_groups_of_128_examples_come_from_the_mesh():
+  """The reference normalises over groups of --batch_norm_batch_size 128 examples:
+  max(1, 128 / per-replica batch) replicas a group (utils.py DistributedBatchNormalization).
+  At 64 images a device (a v3-1024 at 65,536) that is 2 devices a group; the log says the
+  span. --bn-group-size overrides it; the mini config normalises over its whole batch."""
+  plan = _plan("global_batch_size=512")  # 64 a device on 8
+  assert plan.ctx.bn_groups == 4 and plan.hparams["model_bn_span"] == 128
+  assert _plan("global_batch_size=256").hparams["model_bn_span"] == 128  # 32 a device: 4
+  assert _plan().hparams["model_bn_span"] == 8192  # 8,192 a device: each its own group
+  assert _plan("global_batch_size=512", bn_group_size=8).hparams["model_bn_span"] == 512
+  assert _plan("global_batch_size=512", "model.bn_group_examples=0").ctx.bn_groups == 1
+  assert _plan(config_name="mini").ctx.bn_groups == 1
+
+
+def test_the_unsourced_full_values_are_provisional_in_check_and_describe(capsys):
+  """No source was found for the peak learning rate, warmup and epochs at 65,536: the time
+  to train `check` predicts and `describe` say so; the mini config's own values are not."""
+  from mlbench.cli import check, main
+
+  source = check.convergence(_plan(), None).source
+  assert ("PROVISIONAL: optimizer.base_learning_rate=15.0, optimizer.warmup_epochs=50.0, "
+          "train_epochs=350.0 have no source") in source
+  assert "PROVISIONAL" not in check.convergence(_plan(config_name="mini"), None).source
+  assert main(["describe", "efficientnet", "--json"]) == 0
+  described = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  full, mini = (next(d for d in described if d["config"] == c) for c in ("full", "mini"))
+  assert set(full["provisional"]) == {"optimizer.base_learning_rate", "optimizer.warmup_epochs",
+                                      "train_epochs"}
+  assert full["provisional"]["optimizer.base_learning_rate"]["value"] == 15.0
+  assert mini["provisional"] == {}

@@ -113,3 +113,25 @@ def test_full_preprocessing_on_a_real_photo(photo_record):
                                                  ((112, 224, 112, 224), (214, 400, 319, 506))]:
     np.testing.assert_allclose(raw[r0:r1, c0:c1].mean((0, 1)),
                                photo[pr0:pr1, pc0:pc1].mean((0, 1)), atol=3.0)
+
+
+def test_legw_scales_the_reference_rate_to_a_larger_batch():
+  """LEGW (You et al. 2019, whose CNN case is ResNet-50 at batch 32K): a batch 8 times the
+  reference's 4,096 gets sqrt(8) times its rate and 8 times its warmup epochs; the log
+  carries the values trained with. The reference's own (lr_scaling none) are unchanged."""
+  from mlbench import config as config_lib
+  from mlbench.workload import StepContext
+  from workloads.resnet50 import train
+
+  def logged(*overrides):
+    cfg = config_lib.override(config.full(), overrides)
+    return train.hparams(cfg, train.schedule(cfg), StepContext(mesh=None))
+
+  legw = logged("global_batch_size=32768", "optimizer.lr_scaling=legw")
+  assert legw["lars_opt_base_learning_rate"] == pytest.approx(10.0 * 8 ** 0.5)
+  assert legw["lars_opt_learning_rate_warmup_epochs"] == 40.0
+  # 39 steps an epoch: 1,638 train steps, 1,560 of them warmup.
+  assert legw["lars_opt_learning_rate_decay_steps"] == 1638 - 1560 + 1
+  plain = logged("global_batch_size=32768")
+  assert (plain["lars_opt_base_learning_rate"], plain["lars_opt_learning_rate_warmup_epochs"]) \
+      == (10.0, 5.0)

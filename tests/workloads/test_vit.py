@@ -28,9 +28,10 @@ def test_parameter_counts(variant, plain, original):
   """Plain ViT (GAP, fixed sin-cos, tanh pre-logits) and, with a class token, learned
   position embeddings and no pre-logits, the original ViT's published 22,050,664 /
   86,567,656 (timm vit_small/base_patch16_224) less one position embedding: big_vision's
-  learned embedding covers the patches, not the class token."""
+  learned embedding covers the patches, not the class token. The model's docstring quotes
+  the plain counts."""
   cfg = config_lib.override(config.full(), (f"model.variant={variant}",))
-  assert _count(cfg) == plain
+  assert _count(cfg) == plain and f"{plain:,}" in model.__doc__
   cfg = config_lib.override(cfg, ("model.pool=tok", "model.posemb=learn", "model.pre_logits=false"))
   assert _count(cfg) == original
 

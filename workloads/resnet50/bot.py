@@ -8,7 +8,8 @@ github gist aravindsrinivas/56359b79f0ce4449bcb04ab4b56a57a2): 1x1 convolution, 
 ReLU -> MHSA (4 heads; query, key and value projections without biases; logits
 q.k + q.r_h + q.r_w with a learned embedding per relative row and column offset) ->
 2x2 average pooling in the first block, whose stride the 3x3 convolution carried -> BN,
-ReLU -> 1x1 convolution, BN; shortcut and final ReLU as in ResNet. BoT50 at 224x224 has
+ReLU -> 1x1 convolution, BN with its scale initialised to 0; shortcut and final ReLU as in
+ResNet. BoT50 at 224x224 has
 20,852,008 parameters (the paper: 20.8 M), against ResNet-50's 25,557,032.
 
 Shape legend: B batch, H/W spatial (queries), P/Q spatial (keys), N heads, D head width,
@@ -86,8 +87,11 @@ class BoTBlock(ResidualBlock):
       y = nn.avg_pool(y, (self.strides, self.strides), strides=(self.strides, self.strides),
                       padding="SAME", count_include_pad=False)
     y = nn.relu(norm(name="bn2")(y))
-    last_init = nn.initializers.zeros if self.cfg.zero_init_last_bn else nn.initializers.ones
-    y = norm(scale_init=last_init, name="bn3")(conv(4 * self.width, (1, 1), name="conv3")(y))
+    # The last BN's scale starts at 0, whatever zero_init_last_bn says for the ResNet
+    # blocks: the reference's bot_block ends in batch_norm_relu(..., init_zero=True)
+    # (the gist's botnet.py; in its PyTorch port, BotBlock.conv3's BNReLU(init_zero=True)).
+    y = norm(scale_init=nn.initializers.zeros, name="bn3")(
+        conv(4 * self.width, (1, 1), name="conv3")(y))
     return nn.relu(y + shortcut(x_BHWC, 4 * self.width, self.strides, conv, norm))
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from mlbench.fields import AttentionImpl, DType, EpochConfig, at_least, fraction, interval, positive, require
+from mlbench.fields import (AttentionImpl, DType, EpochConfig, LrScaling, at_least, fraction,
+                            interval, positive, require, switch)
 
 
 class Stem(enum.Enum):
@@ -53,7 +54,7 @@ class ModelConfig:
   bn_momentum: float = 0.9
   bn_epsilon: float = 1e-5
   zero_init_last_bn: bool = False  # True: last BN scale of a block starts at 0 (not reference)
-  block: Block = Block.BOTTLENECK  # of the last stage
+  block: Block = switch(Block.BOTTLENECK)  # of the last stage; BoT50: open division only
   attention_heads: int = 4         # of its MHSA, with block=bottleneck_transformer
   # Which implementation computes that MHSA (mlbench.train.attention): auto, xla, ...
   attention: AttentionImpl = AttentionImpl.AUTO
@@ -112,10 +113,19 @@ def image_records(d) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-  """LARS (or SGD with momentum) with warmup and polynomial decay, as MLPerf logs them."""
+  """LARS (or SGD with momentum) with warmup and polynomial decay, as MLPerf logs them.
+
+  `lr_scaling` moves base_learning_rate and warmup_epochs, given for `base_batch_size`, to
+  the global batch (`mlbench.train.optim.scale_for_batch`): none (the reference's values
+  are tuned per batch), linear, or legw (You et al. 2019, whose CNN case is ResNet-50 at
+  batch 32K): a batch k times larger gets sqrt(k) times the rate and k times the warmup
+  epochs. The values logged are the ones trained with.
+  """
 
   name: Optimizer = Optimizer.LARS
   base_learning_rate: float = 10.0
+  base_batch_size: int = 4096  # the batch base_learning_rate and warmup_epochs are for
+  lr_scaling: LrScaling = LrScaling.NONE
   end_learning_rate: float = 1e-4
   warmup_epochs: float = 5.0
   poly_power: float = 2.0
@@ -127,6 +137,7 @@ class OptimizerConfig:
 
   def __post_init__(self):
     at_least(self, 0, "warmup_epochs", "weight_decay", "end_learning_rate")
+    at_least(self, 1, "base_batch_size")
     fraction(self, "momentum", "label_smoothing")
 
 
@@ -168,7 +179,8 @@ def mini() -> ResNetConfig:
       data=DataConfig(source=Source.DIGITS, image_size=24, train_examples=1257,
                       eval_examples=540, crop_area=(0.5, 1.0), flip=False, eval_resize=27,
                       stddev_rgb=(64.0, 64.0, 64.0)),
-      optimizer=OptimizerConfig(base_learning_rate=4.0, warmup_epochs=2.0, weight_decay=1e-4),
+      optimizer=OptimizerConfig(base_learning_rate=4.0, base_batch_size=64, warmup_epochs=2.0,
+                                weight_decay=1e-4),
       global_batch_size=64,
       eval_batch_size=128,
       train_epochs=16.0,

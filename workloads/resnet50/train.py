@@ -62,12 +62,20 @@ def _per_epoch(sched: Schedule) -> int:
   return sched.epoch_steps or sched.train_examples // sched.global_batch_size
 
 
+def _rate(cfg: ResNetConfig) -> tuple[float, float]:
+  """(peak learning rate, warmup epochs) at the global batch, by `optimizer.lr_scaling`."""
+  o = cfg.optimizer
+  return optim.scale_for_batch(o.lr_scaling.value, o.base_learning_rate, o.warmup_epochs,
+                               base_batch_size=o.base_batch_size,
+                               global_batch_size=cfg.global_batch_size)
+
+
 def _steps(cfg: ResNetConfig, per_epoch: int) -> tuple[float, int]:
   """(warmup steps, train steps) of the learning-rate schedule, from a whole number
   of steps per epoch as the reference counts them (the remainder batch dropped:
   1,281,167 // 4,096 = 312; resnet-tf2 common.py L637-639, lars_util.py L112-114,
   resnet_runnable.py L114)."""
-  return cfg.optimizer.warmup_epochs * per_epoch, int(round(per_epoch * cfg.train_epochs))
+  return _rate(cfg)[1] * per_epoch, int(round(per_epoch * cfg.train_epochs))
 
 
 # The reference LARSOptimizer replaces an epsilon of 0 (the logged value)
@@ -79,7 +87,7 @@ LARS_EPSILON_FLOOR = 1e-7
 def optimizer(cfg: ResNetConfig, sched: Schedule) -> optax.GradientTransformation:
   o = cfg.optimizer
   warmup, train_steps = _steps(cfg, _per_epoch(sched))
-  lr = optim.poly_warmup_schedule(o.base_learning_rate, warmup_steps=warmup,
+  lr = optim.poly_warmup_schedule(_rate(cfg)[0], warmup_steps=warmup,
                                   train_steps=train_steps, end_lr=o.end_learning_rate,
                                   power=o.poly_power)
   if o.name is Optimizer.LARS:
@@ -98,9 +106,10 @@ def hparams(cfg: ResNetConfig, sched: Schedule, ctx: StepContext) -> dict[str, A
   o = cfg.optimizer
   p = o.name.value
   warmup, train_steps = _steps(cfg, _per_epoch(sched))
+  rate, warmup_epochs = _rate(cfg)
   out = {"opt_name": p,
          "model_bn_span": sched.global_batch_size // ctx.bn_groups,
-         f"{p}_opt_base_learning_rate": o.base_learning_rate,
+         f"{p}_opt_base_learning_rate": rate,
          f"{p}_opt_end_learning_rate": o.end_learning_rate,
          f"{p}_opt_learning_rate_decay_poly_power": o.poly_power,
          f"{p}_opt_learning_rate_decay_steps": int(train_steps - warmup + 1),
@@ -108,9 +117,9 @@ def hparams(cfg: ResNetConfig, sched: Schedule, ctx: StepContext) -> dict[str, A
          f"{p}_opt_weight_decay": o.weight_decay}
   if o.name is Optimizer.LARS:
     out["lars_epsilon"] = o.lars_epsilon
-    out["lars_opt_learning_rate_warmup_epochs"] = o.warmup_epochs
+    out["lars_opt_learning_rate_warmup_epochs"] = warmup_epochs
   else:
-    out["opt_learning_rate_warmup_epochs"] = o.warmup_epochs
+    out["opt_learning_rate_warmup_epochs"] = warmup_epochs
   return out
 
 

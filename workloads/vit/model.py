@@ -5,8 +5,8 @@ embedding (MoCo v3's) or a learned one; pre-LayerNorm encoder blocks of multi-he
 self-attention and a GELU MLP (workloads/common/transformer.py's `Attention` and
 `Mlp`, Xavier-uniform kernels); a final LayerNorm; the mean over patches (or a class
 token); a tanh pre-logits layer; a zero-initialised classifier. ViT-S/16 has
-22,050,664 trainable parameters, ViT-B/16 86,567,656 (no position-embedding
-parameters: they are fixed).
+22,122,472 trainable parameters, ViT-B/16 87,006,184 (no position-embedding
+parameters: they are fixed; the pre-logits layer adds width x (width + 1)).
 
 Shape legend: B batch, H/W patch grid, L tokens, D width, K classes.
 """
