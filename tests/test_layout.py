@@ -95,6 +95,15 @@ def test_workloads_use_only_the_plugin_api():
   assert not bad, bad
 
 
+def test_workloads_compute_attention_through_the_entry_point():
+  # jax.nn.dot_product_attention without implementation= is XLA's unfused attention on every
+  # backend; mlbench.train.attention.attend picks each platform's fused kernel.
+  calls = [f"{path.relative_to(ROOT)}:{i}" for path in sorted((ROOT / "workloads").rglob("*.py"))
+           for i, line in enumerate(path.read_text().splitlines(), 1)
+           if "dot_product_attention" in line]
+  assert not calls, f"use mlbench.train.attention.attend: {calls}"
+
+
 def test_the_checker_finds_a_wrong_way_import(tmp_path):
   """The test above would pass vacuously if `_imports` found nothing."""
   sample = tmp_path / "sample.py"

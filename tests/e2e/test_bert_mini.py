@@ -27,3 +27,8 @@ def test_the_bert_mini_run_reaches_its_target_with_a_compliant_log(mini_run, ber
   stop = next(i for i, d in enumerate(lines) if d["key"] == "run_stop")
   assert len(samples) == 1 and samples[0] < stop
   assert lines[samples[0]]["value"] == evals[-1]["metadata"]["epoch_num"] == run.report["samples"]
+  # Which implementation each attention ran on, and why: XLA on this CPU, for both programs.
+  used = [d for d in lines if d["key"] == "mlbench_attention"]
+  assert {(d["metadata"]["program"], d["value"]) for d in used} == {("train step", "xla"),
+                                                                    ("eval step", "xla")}
+  assert all(d["metadata"]["reason"] == "no fused attention kernel on cpu" for d in used)

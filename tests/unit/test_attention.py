@@ -23,7 +23,7 @@ SEGMENTS = np.where(np.arange(256)[None] < np.array([[200], [256]]),
 CASES = {
     "causal, grouped-query": (256, 256, 4, 2, 32, dict(causal=True)),
     "padding": (256, 256, 4, 4, 32, dict(kv_lengths_B=LENGTHS)),
-    "packed, causal": (256, 256, 4, 4, 32, dict(causal=True, q_segments_BL=SEGMENTS,
+    "segments, causal": (256, 256, 4, 4, 32, dict(causal=True, q_segments_BL=SEGMENTS,
                                                    kv_segments_BS=SEGMENTS)),
     "cross-attention, padded keys": (128, 256, 4, 2, 32, dict(kv_segments_BS=SEGMENTS > 0)),
     "bias, padding": (256, 256, 4, 2, 32, dict(bias="bias", kv_lengths_B=LENGTHS)),
@@ -214,5 +214,5 @@ def test_recording_counts_each_programs_calls_by_kind():
   assert [(u.program, u.site.name, u.calls) for u in used] == [
       ("train step", "attention", 3), ("eval step", "cross-attention", 1)]
   assert used[0].line().startswith("train step: attention, 128 x 128 tokens, 2 heads of 8, "
-                                   "float32, causal (x3): xla - no fused attention kernel")
+                                   "float32, causal: xla - no fused attention kernel")
 

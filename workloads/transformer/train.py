@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from mlbench.train import optim
+from mlbench.train import attention, optim
 from mlbench.workload import Batch, EvalPart, Schedule, StepContext, WithMetadata
 from workloads.common import transformer as blocks
 from workloads.transformer import beam_search, bleu, newstest, vocab
@@ -114,9 +114,10 @@ def translate(cfg: TransformerConfig, params: Any, inputs_BS: jax.Array,
   encoded_BSH = model.apply({"params": params}, inputs_BS, method=Transformer.encode)
   encoded_NSH, inputs_NS = beam_search.tile_beams((encoded_BSH, inputs_BS), d.beam_size)
   decoder = Transformer(cfg.model, decode=True, mesh=mesh)
-  shapes = jax.eval_shape(lambda: decoder.init(  # shapes only: no forward pass is run
-      jax.random.key(0), inputs_NS[:, :1], jnp.zeros((inputs_NS.shape[0], d.max_length),
-                                                     jnp.int32))["cache"])
+  with attention.unrecorded():  # shapes only: no forward pass is run
+    shapes = jax.eval_shape(lambda: decoder.init(
+        jax.random.key(0), inputs_NS[:, :1], jnp.zeros((inputs_NS.shape[0], d.max_length),
+                                                       jnp.int32))["cache"])
   cache = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
 
   def logits_fn(last_N: jax.Array, cache: Any) -> tuple[jax.Array, Any]:

@@ -46,7 +46,7 @@ from mlbench.train.attention.xla import (NEG_INF, Dropout, allowed_mask, attenti
 
 __all__ = ["NEG_INF", "Choice", "Dropout", "Site", "Used", "allowed_mask", "attend",
            "attention_with_dropout", "choose", "platform_of", "program", "recording",
-           "softmax_in"]
+           "softmax_in", "unrecorded"]
 
 NATIVE = {"gpu": AttentionImpl.CUDNN, "tpu": AttentionImpl.PALLAS}
 """The fused implementation of each platform that has one."""
@@ -76,7 +76,7 @@ class Site:
     if self.kv_heads != self.heads:
       heads += f" ({self.kv_heads} key/value heads)"
     masks = [m for m, on in (("causal", self.causal), ("padding", self.padding),
-                             ("packed", self.packed), ("bias", self.bias)) if on]
+                             ("segments", self.packed), ("bias", self.bias)) if on]
     if self.dropout:
       masks.append(f"dropout {self.dropout:g}")
     return ", ".join([self.name, f"{self.q_len} x {self.kv_len} tokens", heads, self.dtype,
@@ -171,7 +171,7 @@ _PROGRAM: contextvars.ContextVar[tuple[str, Any]] = contextvars.ContextVar(
 
 @dataclasses.dataclass(frozen=True)
 class Used:
-  """What one program's attention calls of one kind ran on: `calls` calls of `site`."""
+  """What one program's attention calls of one kind run on: `calls` traced calls of `site`."""
 
   program: str
   site: Site
@@ -179,12 +179,12 @@ class Used:
   calls: int
 
   def line(self) -> str:
-    times = f" (x{self.calls})" if self.calls > 1 else ""
-    return (f"{self.program}: {self.site.describe()}{times}: {self.choice.implementation.value}"
+    return (f"{self.program}: {self.site.describe()}: {self.choice.implementation.value}"
             f" - {self.choice.reason}")
 
   def to_json(self) -> dict[str, Any]:
-    return {"program": self.program, "site": self.site.describe(), "calls": self.calls,
+    # Calls traced, not run: a scanned layer stack traces its one layer (once per remat).
+    return {"program": self.program, "site": self.site.describe(), "traced_calls": self.calls,
             "implementation": self.choice.implementation.value, "reason": self.choice.reason}
 
 
@@ -203,6 +203,17 @@ def recording() -> Iterator[list[Used]]:
     for key in calls:
       counts[key] = counts.get(key, 0) + 1
     used.extend(Used(p, s, c, n) for (p, s, c), n in counts.items())
+
+
+@contextlib.contextmanager
+def unrecorded() -> Iterator[None]:
+  """Calls traced inside are not recorded: traces for shapes only, which never run (a
+  decoder's cache built by `jax.eval_shape` of its init)."""
+  token = _RECORD.set(None)
+  try:
+    yield
+  finally:
+    _RECORD.reset(token)
 
 
 @contextlib.contextmanager
