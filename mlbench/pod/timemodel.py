@@ -72,14 +72,20 @@ class Constants:
   # The efficiency of accelerators fitted on their own (the H100 on GPU runs); `eta`
   # stands for the others.
   eta_by: tuple[tuple[str, float], ...] = ()
+  # The warm-up of each workload as the published logs show it (measured, not fitted:
+  # `runlog.RunLog.warmup_s`); `warmup_s` stands for the others.
+  warmup_by: tuple[tuple[str, float], ...] = ()
 
-  FITTED = ("eta", "hbm", "fixed_flops", "warmup_s", "eval_overhead_s")
-  NAMES = FITTED + ("kappa", "step_overhead_s", "fixed_bytes_per_param")
+  FITTED = ("eta", "hbm", "fixed_flops", "eval_overhead_s", "kappa", "fixed_bytes_per_param")
+  NAMES = FITTED + ("warmup_s", "step_overhead_s")
 
   @classmethod
   def from_dict(cls, raw: dict[str, Any]) -> Constants:
-    by = tuple(sorted((str(k), float(v)) for k, v in (raw.get("eta_by") or {}).items()))
-    return cls(**{k: float(raw[k]) for k in cls.NAMES if k in raw}, eta_by=by)
+    def pairs(key: str) -> tuple[tuple[str, float], ...]:
+      return tuple(sorted((str(k), float(v)) for k, v in (raw.get(key) or {}).items()))
+
+    return cls(**{k: float(raw[k]) for k in cls.NAMES if k in raw}, eta_by=pairs("eta_by"),
+               warmup_by=pairs("warmup_by"))
 
   def to_list(self) -> list[float]:
     return [getattr(self, k) for k in self.NAMES]
@@ -89,6 +95,9 @@ class Constants:
 
   def eta_for(self, accelerator: str) -> float:
     return dict(self.eta_by).get(accelerator, self.eta)
+
+  def warmup_for(self, workload: str) -> float:
+    return dict(self.warmup_by).get(workload, self.warmup_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +135,8 @@ class Inputs:
   host_cores_per_device: float = 0.0
   accelerator: str = ""          # accelerators.yaml key (its own fitted efficiency)
   param_bytes_per_device: float = 0.0  # f32 parameters (the batch-independent bytes)
+  workload: str = ""             # its measured warm-up
+  eval_collective_s: float = 0.0  # an eval batch's sums reduced over the slice
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,11 +185,12 @@ def predict(x: Inputs, c: Constants) -> Terms:
   input_s = per_device_batch * x.input_cpu_s_per_example / cores if cores > 0 else 0.0
   # No step is faster than its collectives alone or than its hosts can feed it.
   step = max(device + collective + c.step_overhead_s, x.collective_s, input_s)
-  eval_each = (x.eval_batches * (fixed + x.eval_batch_cost.roofline_s(
+  eval_each = (x.eval_batches * (fixed + x.eval_collective_s + x.eval_batch_cost.roofline_s(
       x.peak_flops_per_s, x.hbm_bytes_per_s, eta, c.hbm)) + c.eval_overhead_s)
   mfu = x.model_flops_per_step / (step * x.devices * x.peak_flops_per_s)
   return Terms(device_step_s=device, collective_s=collective, overhead_s=c.step_overhead_s,
-               input_step_s=input_s, step_s=step, steps=x.steps, warmup_s=c.warmup_s,
+               input_step_s=input_s, step_s=step, steps=x.steps,
+               warmup_s=c.warmup_for(x.workload),
                eval_each_s=eval_each, evals=x.evals, mfu=mfu, fixed_s=fixed)
 
 
