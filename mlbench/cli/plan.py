@@ -50,12 +50,19 @@ def _ints(value: str) -> tuple[int, ...] | None:
 @click.option("--compile-cache", metavar="DIR|off", envvar="MLBENCH_COMPILE_CACHE",
               help="Where compiled programs' figures are kept (DIR/plan-costs) for the next "
                    "plan. [default: as run's compile cache]")
+@click.option("--costs", type=click.Choice(["compile", "calibration"]), default="compile",
+              show_default=True, envvar="MLBENCH_PLAN_COSTS",
+              help="Where the per-device programs' costs come from: compile them (once per "
+                   "TPU generation and per-device batch), or the time model's calibration "
+                   "compiles (full configs on TPU v4, interpolated in batch and depth: no "
+                   "compile, for BERT-large and the Transformer).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON on stdout.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG: time to train and chip-hours against chips (never overwrites).")
 def plan_cmd(workload: str, config_name: str, overrides: tuple[str, ...], slices: str,
              batches: str, objective: str, runs: int | None, rcps_file: Path | None,
-             compile_cache: str | None, as_json: bool, plot_file: Path | None) -> int:
+             compile_cache: str | None, costs: str, as_json: bool,
+             plot_file: Path | None) -> int:
   """Predict WORKLOAD's time to train on every candidate slice and global batch.
 
   For each: the steps to converge from MLPerf's reference convergence points (mean and
@@ -80,9 +87,11 @@ def plan_cmd(workload: str, config_name: str, overrides: tuple[str, ...], slices
   compiler = plancost.Compiler(workload, config_name, tuple(overrides),
                                config_lib.compile_cache_dir(compile_cache),
                                say=lambda line: console.print(line, highlight=False))
+  cost_of = compiler if costs == "compile" else plancost.calibration_costs(
+      workload, config_name, tuple(overrides))
   result = plan_lib.evaluate(
-      targets, _ints(batches), table, cost_of=compiler,
-      points_of=plancost.points_fn(workload, config_name, tuple(overrides), rule),
+      targets, _ints(batches), table, cost_of=cost_of,
+      points_of=plancost.points_fn(workload, config_name, tuple(overrides), rule, table),
       workload=workload, eval_examples=wl.schedule(cfg).eval_examples,
       runs=runs or rule.runs, objective=plan_lib.Objective(objective),
       remat_hint=check.remat_hint(cfg))
@@ -163,11 +172,16 @@ def _print(result: Any, table: Any, compiler: Any, console: Any, title: str) -> 
 
 
 def _print_sources(result: Any, table: Any, compiler: Any, console: Any) -> None:
-  from mlbench.pod import estimate
-
   conv = {c.batch: c.convergence for c in result.candidates}
   for b in sorted(conv):
     console.print("steps to converge: " + conv[b].describe(), highlight=False)
+  if any(c.costs.origin == "calibration" for c in result.candidates):
+    console.print("programs: the time model's calibration compiles (mlbench/pod/"
+                  "calibration_costs.json: the full config on a 4-chip TPU v4 slice at two "
+                  "per-device batches, and depths), on straight lines in the per-device batch "
+                  "and depth; no compile", highlight=False)
+  if not compiler.log:
+    return _print_constants(result, console)
   made = [e for e in compiler.log if e["origin"] == "compiled"]
   read = [e for e in compiler.log if e["origin"] == "cache"]
   served = len(result.candidates)
@@ -178,6 +192,12 @@ def _print_sources(result: Any, table: Any, compiler: Any, console: Any) -> None
       "batch, compiled for the generation's smallest slice; the per-device program does not "
       "depend on how many devices share the data axis, whose gradient all-reduce is timed on "
       "each slice's torus", highlight=False)
+  _print_constants(result, console)
+
+
+def _print_constants(result: Any, console: Any) -> None:
+  from mlbench.pod import estimate
+
   for platform in sorted({c.target.accelerator.platform for c in result.candidates}):
     _, prov = estimate.constants(platform)
     loo = prov.get("leave_one_out") or {}

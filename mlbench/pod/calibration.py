@@ -130,7 +130,8 @@ def device_cost(records: dict[str, dict[str, Any]], workload: str, batch: float,
     raise KeyError(f"no cached compile of {workload} with model={model}; run "
                    "python -m mlbench.pod.costs")
   fields = {"flops": lambda p: p["flops_per_device"], "bytes": lambda p: p["bytes_per_device"],
-            "coll": lambda p: float(sum(p["collective_bytes"].values()))}
+            "coll": lambda p: float(sum(p["collective_bytes"].values())),
+            "peak": lambda p: float(p["peak_bytes"])}
   depths = sorted({r["depth"] or 0 for r in mine})
   if workload in costs.FULL_DEPTH and len(depths) < 2:
     raise KeyError(f"{workload} is compiled at one depth only; the full depth needs two (run "

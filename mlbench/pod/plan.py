@@ -64,6 +64,7 @@ class Costs:
   peak_bytes: float = 0.0
   param_bytes: float = 0.0          # the f32 parameters on a device (the gradient all-reduce)
   model_flops_per_example: float = 0.0
+  grad_bytes: float | None = None   # the gradient all-reduce's bytes, if not param_bytes
   need_bytes: float | None = None   # what XLA said it needed where the program does not fit
   origin: str = "compiled"          # compiled, cache, not compiled
   seconds: float = 0.0              # compile time (of the cached compile, for a cache hit)
@@ -207,20 +208,22 @@ def inputs(t: Target, batch: int, c: Costs, workload: str, eval_examples: int
   p = estimate.Plan(
       workload=workload, devices=t.devices, mesh={"data": t.devices}, global_batch=batch,
       train=c.train, eval_batch=c.eval, eval_batches=math.ceil(eval_examples / batch),
-      grad_bytes_per_device=c.param_bytes, model_collective_bytes=None,
-      model_flops_per_step=c.model_flops_per_example * batch, steps=0.0, evals=0.0)
-  x = estimate.inputs(t.accelerator, p)
+      grad_bytes_per_device=c.param_bytes if c.grad_bytes is None else c.grad_bytes,
+      model_collective_bytes=None, model_flops_per_step=c.model_flops_per_example * batch,
+      steps=0.0, evals=0.0)
+  x = dataclasses.replace(estimate.inputs(t.accelerator, p),
+                          param_bytes_per_device=c.param_bytes)
   if t.gpu:  # XLA's TPU counts stand in; the analytic FLOPs where they are larger
     flops = max(x.train.flops, c.model_flops_per_example * batch / t.devices)
-    x = dataclasses.replace(x, train=dataclasses.replace(x.train, flops=flops),
-                            input_cpu_s_per_example=0.0 if workload == "resnet50" else
-                            x.input_cpu_s_per_example)
+    x = dataclasses.replace(x, train=dataclasses.replace(x.train, flops=flops))
   return x
 
 
-def _candidate(t: Target, batch: int, c: Costs, conv: rcp.Convergence, *, workload: str,
-               eval_examples: int, points: Sequence[tuple[int, float]], runs: int,
-               constants: Callable[[str], timemodel.Constants], remat_hint: str) -> Candidate:
+def predict_candidate(t: Target, batch: int, c: Costs, conv: rcp.Convergence, *,
+                      workload: str, eval_examples: int, points: Sequence[tuple[int, float]],
+                      runs: int, constants: Callable[[str], timemodel.Constants],
+                      remat_hint: str = "") -> Candidate:
+  """One candidate's prediction from its program's costs and the RCPs at its batch."""
   fits = c.compiled and c.peak_bytes <= t.accelerator.device_hbm_bytes
   if not fits:
     return Candidate(t, batch, conv, c, fits=False, fix=fix_line(t, batch, c, remat_hint))
@@ -252,9 +255,10 @@ def evaluate(targets: Sequence[Target], batches: Sequence[int] | None, table: rc
   consts = constants or (lambda platform: estimate.constants(platform)[0])
   cands_, skipped = pairs(targets, batches, table)
   costs = _costs(cands_, cost_of)
-  out = [_candidate(t, b, costs[(t.proxy, b // t.devices)], rcp.at(table, b),
-                    workload=workload, eval_examples=eval_examples, points=points_of(b),
-                    runs=runs, constants=consts, remat_hint=remat_hint) for t, b in cands_]
+  out = [predict_candidate(t, b, costs[(t.proxy, b // t.devices)], rcp.at(table, b),
+                           workload=workload, eval_examples=eval_examples, points=points_of(b),
+                           runs=runs, constants=consts, remat_hint=remat_hint)
+         for t, b in cands_]
   front = pareto(out)
   order = sorted(range(len(out)), key=lambda i: (out[i].objective(objective), out[i].target.chips,
                                                  out[i].batch))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable
 from importlib import metadata
@@ -166,11 +167,14 @@ def compile_record(workload: str, config: str, overrides: tuple[str, ...], proxy
           "model_flops_per_example": pred.model_flops_per_step / gbs if pred else 0.0}
 
 
-def points_fn(workload: str, config: str, overrides: tuple[str, ...], rule: Any
-              ) -> plan_lib.PointsFn:
+def points_fn(workload: str, config: str, overrides: tuple[str, ...], rule: Any,
+              table: Any) -> plan_lib.PointsFn:
   """The evaluations a run of the config can stop at, at any global batch: (step, epoch or
-  samples as its log says them) at the rules' cadence (`mlbench.train.plan.eval_points`)."""
-  from mlbench import config as config_lib, registry
+  samples as its log says them) at the rules' cadence (`mlbench.train.plan.eval_points`),
+  with the training budget stretched where the config's ends before the RCP table's
+  mean + 6 spreads at that batch (a full config's budget is for its own batch)."""
+  from mlbench import config as config_lib, registry, rules
+  from mlbench.pod import rcp
   from mlbench.train.plan import eval_points
 
   wl = registry.get(workload)
@@ -178,6 +182,45 @@ def points_fn(workload: str, config: str, overrides: tuple[str, ...], rule: Any
   def points(batch: int) -> list[tuple[int, float]]:
     sets = (*overrides, f"global_batch_size={batch}", f"eval_batch_size={batch}")
     _, cfg, _ = config_lib.configured(wl, config, sets)
-    return [(p.step, float(p.epoch)) for p in eval_points(wl.schedule(cfg), rule)]
+    schedule = wl.schedule(cfg)
+    c = rcp.at(table, batch)
+    per = schedule.train_examples if c.unit is rules.Unit.EPOCHS else 1
+    need = math.ceil((c.mean + 6 * c.stdev) * per)
+    if need > schedule.max_train_samples:
+      schedule = dataclasses.replace(schedule, max_train_samples=need)
+    return [(p.step, float(p.epoch)) for p in eval_points(schedule, rule)]
 
   return points
+
+
+def calibration_costs(workload: str, config: str, overrides: tuple[str, ...]
+                      ) -> plan_lib.CostFn:
+  """A `CostFn` from the calibration's cached compiles (`calibration_costs.json`: the full
+  configs on a 4-chip TPU v4 slice at two per-device batches, BERT and the Transformer at
+  two depths), on the straight lines `calibration.device_cost` draws through them: no
+  compile, for the workloads whose full compile takes hours here (BERT-large). Only for
+  the full config as the calibration compiled it (no --set)."""
+  from mlbench import config as config_lib, registry
+  from mlbench.errors import UserError
+  from mlbench.pod import calibration, costs
+
+  records = costs.load()
+  if config != "full" or overrides:
+    raise UserError("--costs calibration has the full configs' compiles only; drop --set and "
+                    "--config, or use --costs compile")
+  if not any(r["workload"] == workload for r in records.values()):
+    raise UserError(f"the calibration compiled no {workload}; use --costs compile")
+  wl = registry.get(workload)
+  _, cfg, _ = config_lib.configured(wl, config, ())
+  per_example = float(wl.flops_per_example(cfg))
+
+  def cost(proxy: str, per_device: int) -> plan_lib.Costs:
+    train = calibration.device_cost(records, workload, per_device, 1, "train")
+    evaluation = calibration.device_cost(records, workload, per_device, 1, "eval")
+    return plan_lib.Costs(
+        train=timemodel.StepCost(train["flops"], train["bytes"]),
+        eval=timemodel.StepCost(evaluation["flops"], evaluation["bytes"]),
+        peak_bytes=max(train["peak"], evaluation["peak"]), param_bytes=4.0 * train["params"],
+        model_flops_per_example=per_example, origin="calibration")
+
+  return cost

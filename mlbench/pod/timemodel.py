@@ -1,8 +1,9 @@
-"""Time to train on a pod, term by term: what `check` prints and the calibration fits.
+"""Time to train on a pod, term by term: what `check` and `plan` print and the calibration fits.
 
     time to train = first-block warm-up
                   + steps x (device step + exposed collectives + host overhead)
-                  + evaluations x (eval program x eval batches + per-evaluation overhead)
+                  + evaluations x (eval batches x (eval program + its sums' all-reduce)
+                                   + per-evaluation overhead)
 
 - device step: a soft roofline of the compiled train step per device, its FLOPs at
   the chip's peak over the fitted efficiency `eta` against its per-example HBM
@@ -12,24 +13,33 @@
   (the weight update, normalisation statistics, small ops' latencies), as FLOPs
   at the chip's peak, so it takes a v3 core 4.5x longer than a v4 chip. The
   per-example bytes are XLA's `bytes accessed` less the batch-independent ones,
-  `fixed_bytes_per_param` x the f32 parameter bytes per device (measured on the
-  cached compiles at two batches, not fitted): at pod scale the weight update
-  is sharded and those bytes are not what bounds a step, while the activations'
-  are (ResNet-50's convolutions with 64 to 256 channels read and write more per
-  FLOP than BERT's matmuls: this is what one efficiency per operation class
-  stood in for);
+  `fixed_bytes_per_param` x the f32 parameter bytes per device (fitted: at 8 to
+  16 examples a chip the weights' reads and writes are most of a step's bytes,
+  and a set value made small-batch steps look memory-bound that the published
+  runs show are not; the cached compiles' intercept, 36 to 47, is its start);
 - collectives: the data-parallel gradient all-reduce and the model/expert-axis
-  collectives, timed on the slice's torus (`collectives`), a fraction `kappa`
-  of them exposed (1: not overlapped; the published runs fit best so);
+  collectives, timed on the slice's torus (`collectives`: over all its axes at
+  once), a fitted fraction `kappa` of them exposed (1: not overlapped with the
+  backward pass);
 - per step, the host overhead `step_overhead_s` (0 for TPUs: the published runs
   ran device loops of whole epochs, and a per-step constant in host seconds fits
   them worse than the device's own fixed work);
-- an input-bound check: a host's cores decode `cores / cpu_s_per_example`
-  examples per second; a step can be no faster than its share of that;
+- input stalls: a host's cores decode `cores / cpu_s_per_example` examples per
+  second (`INPUT_CPU_S`, measured); a step can be no faster than its share of
+  that, and the terms say `input_bound` where it is that share that sets it;
 - evaluations: as many as the rules' cadence (or the run's log) says, each the
   compiled eval step (roofline and fixed work) over the eval set split over the
-  devices (padded to whole batches), plus the fitted per-evaluation overhead `e0`;
-- warm-up `w0`: the first block's extra time, fitted.
+  devices (padded to whole batches), each batch's sums all-reduced over the
+  slice (latency-bound at thousands of chips), plus the fitted per-evaluation
+  overhead `e0` (host work: reading the sums, logging);
+- warm-up: the first block's time beyond the steady rate, as the published logs
+  show it (`runlog.RunLog.warmup_s`: compile and program load, the input
+  pipeline's fill, the first steps), measured per workload where their block
+  times are sound (`warmup_by`), not fitted;
+- the last partial block: steps are whole, and a run trains to the end of the
+  evaluation block in which it converges (`plan` stops a run at the first
+  evaluation at or past its convergence; the calibration takes the steps its
+  logs record).
 
 The constants live in accelerators.yaml (`time_model`), fitted by `mlbench.pod.fit`
 on the published TPU runs (`calibration`).

@@ -140,10 +140,12 @@ def test_a_plan_on_a_synthetic_time_model_ranks_candidates_as_computed_by_hand()
   want = {(c, b): by_hand(c, b) for c in (4, 8) for b in (64, 256)}
   result = _plan()
   got = {(c.target.chips, c.batch): c for c in result.candidates}
+  # The one other term: each evaluation's sums all-reduced over the chips, a few hops of
+  # 1 us each (4 to 6 us an evaluation).
   for key, seconds in want.items():
-    assert got[key].outlook.median_s == pytest.approx(seconds)
-    assert got[key].outlook.score_s == pytest.approx(seconds)  # no spread: every run alike
-    assert got[key].chip_hours == pytest.approx(seconds * key[0] / 3600)
+    assert got[key].outlook.median_s == pytest.approx(seconds, abs=1e-4)
+    assert got[key].outlook.score_s == pytest.approx(got[key].outlook.median_s)  # no spread
+    assert got[key].chip_hours == pytest.approx(seconds * key[0] / 3600, rel=1e-4)
   assert [(c.target.chips, c.batch) for c in result.candidates] == sorted(want, key=want.get)
   assert [c.rank for c in result.candidates] == [1, 2, 3, 4]
   cheap = _plan(plan.Objective.CHIP_HOURS)
@@ -172,7 +174,8 @@ def test_a_candidate_that_does_not_fit_is_marked_with_its_fix():
   bad = by[("v4-8", 256)]
   assert not bad.fits and bad.rank is None and bad.outlook is None
   assert "does not fit (40.0 GiB per device of 32)" in bad.fix
-  assert "--weight-update-sharding" in bad.fix and "per-device batch of 40 (--batches 160)" in bad.fix
+  assert "--weight-update-sharding" in bad.fix
+  assert "per-device batch of 40 (--batches 160)" in bad.fix
   skipped = by[("v4-8", 512)]
   assert not skipped.fits and skipped.costs.origin == "not compiled"
   assert "per-device batch of 64 (--batches 256)" in skipped.fix
