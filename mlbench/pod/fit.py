@@ -205,7 +205,10 @@ def calibrate(root: Path) -> Calibration:
   gpu, left_g = rows(calibration.GPU_CASES, root)
   c = fit(tpu, base_constants())
   fitted = [r for r in gpu if not r.case.not_fitted]
-  g = _gpu(fit(fitted, start=c, only_eta=True)) if fitted else c
+  # The GPU runs' own warm-ups, as their logs show them.
+  mine = dict(c.warmup_by) | dict(warmups(fitted)[1])
+  c_gpu = dataclasses.replace(c, warmup_by=tuple(sorted(mine.items())))
+  g = _gpu(fit(fitted, start=c_gpu, only_eta=True)) if fitted else c
   return Calibration(tpu=tpu, tpu_constants=c, tpu_loo=leave_one_out(tpu, c), held_out=held,
                      gpu=fitted, gpu_constants=g,
                      gpu_loo=leave_one_out(fitted, g, only_eta=True) if fitted else [],
@@ -241,7 +244,8 @@ def main() -> None:
     write("tpu", cal.tpu_constants, spread(cal.tpu_loo), len(cal.tpu), note=TPU_NOTE)
     if cal.gpu:
       write("gpu", cal.gpu_constants, spread(cal.gpu_loo), len(cal.gpu), cases="GPU_CASES",
-            note="the h100 eta fitted on the H100 runs (GPU_CASES), the others the TPU fit's",
+            note="the h100 eta fitted on the H100 runs (GPU_CASES), their warm-ups measured on "
+                 "their logs, the others the TPU fit's",
             fitted="eta_by.h100")
 
 

@@ -131,7 +131,10 @@ class RunLog:
       return None
     first = self.blocks[0]
     steady = first.samples / self.global_batch_size * step
-    return max(0.0, first.start_s - self.start_s) + (first.stop_s - first.start_s - steady)
+    extra = max(0.0, first.start_s - self.start_s) + (first.stop_s - first.start_s - steady)
+    # A first block shorter than its samples allow is no warm-up: its stamps are not the
+    # training's (blocks that overlap evaluations, as in the v0.6 SSD logs).
+    return extra if extra >= 0 else None
 
 
 def _first(evs: list[Event], key: str) -> Event | None:
