@@ -20,6 +20,7 @@ def plot(result: plan_lib.Result, path: Path, title: str) -> Path:
 
   matplotlib.use("Agg")  # No display; never opens a window.
   import matplotlib.pyplot as plt
+  import matplotlib.ticker
 
   ok = [c for c in result.candidates if c.outlook is not None and c.rank is not None]
   fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.5, 6.5), sharex=True)
@@ -45,8 +46,11 @@ def plot(result: plan_lib.Result, path: Path, title: str) -> Path:
               label="Pareto front (time, chip-hours)")
   bottom.scatter([c.target.chips for c in front], [c.chip_hours for c in front], s=110,
                  facecolors="none", edgecolors="black", linewidths=1.2, zorder=4)
-  top.set_yscale("log")
-  bottom.set_yscale("log")
+  for ax, values in ((top, [c.outlook.p90_s / 60 for c in ok]), (bottom,
+                                                                  [c.chip_hours for c in ok])):
+    if values and max(values) > 20 * min(values):  # a log scale where the range asks for it
+      ax.set_yscale("log")
+      ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
   bottom.set_xscale("log", base=2)
   chips = sorted({c.target.chips for c in ok})
   bottom.set_xticks(chips, [f"{n:,}" for n in chips])
