@@ -48,12 +48,13 @@ def _row(r: fit.Row, c: timemodel.Constants, loo: float | None) -> str:
           f"{m.evals:g} | {m.run_s:,.1f} | {t.total_s:,.1f} | {_ratio(t.total_s / m.run_s)} | "
           f"{_ratio(loo)} | {_ms(step)} | {_ms(t.step_s)} | "
           f"{_ratio(None if step is None else t.step_s / step)} | "
-          f"{t.warmup_s:.1f} / {t.train_s:,.1f} / {t.eval_s:,.1f} | {100 * t.mfu:.0f}% |")
+          f"{t.warmup_s:.1f} / {t.train_s:,.1f} / {t.eval_s:,.1f} | "
+          f"{'-' if m.warmup_s is None else f'{m.warmup_s:.2f}'} | {100 * t.mfu:.0f}% |")
 
 
 HEADER = ("| run | devices | batch | steps | evals | measured s | predicted s | pred/meas | "
           "leave-one-out | measured step ms | predicted step ms | step pred/meas | "
-          "warm-up / train / eval s | MFU |\n|---|" + "---|" * 13)
+          "warm-up / train / eval s | logged warm-up s | MFU |\n|---|" + "---|" * 14)
 
 
 def _table(title: str, rows: list[fit.Row], c: timemodel.Constants,

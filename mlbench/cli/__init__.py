@@ -20,6 +20,7 @@ from mlbench.cli.check import check_cmd
 from mlbench.cli.compare import compare_cmd
 from mlbench.cli.data import data_group
 from mlbench.cli.info import describe_cmd, list_cmd
+from mlbench.cli.plan import plan_cmd
 from mlbench.cli.run import run_cmd
 from mlbench.cli.validate import validate_cmd
 from mlbench.errors import Interrupted, StorageFailed, UserError
@@ -42,6 +43,7 @@ cli.add_command(list_cmd)
 cli.add_command(describe_cmd)
 cli.add_command(run_cmd)
 cli.add_command(check_cmd)
+cli.add_command(plan_cmd)
 cli.add_command(validate_cmd)
 cli.add_command(compare_cmd)
 cli.add_command(data_group)

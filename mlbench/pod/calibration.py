@@ -130,7 +130,8 @@ def device_cost(records: dict[str, dict[str, Any]], workload: str, batch: float,
     raise KeyError(f"no cached compile of {workload} with model={model}; run "
                    "python -m mlbench.pod.costs")
   fields = {"flops": lambda p: p["flops_per_device"], "bytes": lambda p: p["bytes_per_device"],
-            "coll": lambda p: float(sum(p["collective_bytes"].values()))}
+            "coll": lambda p: float(sum(p["collective_bytes"].values())),
+            "peak": lambda p: float(p["peak_bytes"])}
   depths = sorted({r["depth"] or 0 for r in mine})
   if workload in costs.FULL_DEPTH and len(depths) < 2:
     raise KeyError(f"{workload} is compiled at one depth only; the full depth needs two (run "
@@ -205,6 +206,7 @@ class Measured:
   eval_examples: int
   step_s: float | None  # where block times are sound
   logs: int
+  warmup_s: float | None = None  # the first block's extra time, where block times are sound
 
 
 def measured(case: Case, root: Path) -> Measured:
@@ -215,13 +217,15 @@ def measured(case: Case, root: Path) -> Measured:
   if not logs:
     raise FileNotFoundError(f"no successful result logs in {folder}")
   sound = [s for s in (r.sound_step_s() for r in logs) if s is not None]
+  warm = [w for w in (r.warmup_s() for r in logs) if w is not None]
   return Measured(run_s=statistics.median(r.run_s for r in logs),
                   steps=statistics.median(r.steps for r in logs),
                   evals=statistics.median(r.evals for r in logs),
                   global_batch=logs[0].global_batch_size,
                   eval_examples=max(r.eval_samples for r in logs) or 5000,
                   step_s=statistics.median(sound) if len(sound) * 2 > len(logs) else None,
-                  logs=len(logs))
+                  logs=len(logs),
+                  warmup_s=statistics.median(warm) if len(warm) * 2 > len(logs) else None)
 
 
 def inputs(case: Case, m: Measured, records: dict[str, dict[str, Any]]) -> timemodel.Inputs:
@@ -240,7 +244,8 @@ def inputs(case: Case, m: Measured, records: dict[str, dict[str, Any]]) -> timem
   n_eval, eval_b = timemodel.eval_split(m.eval_examples, data_devices,
                                         max(1, math.ceil(per_device)))
   evaluation = _split(device_cost(records, workload, eval_b, 1, "eval"), case.model)
-  torus = estimate.data_torus(estimate.torus_of(acc, case.grid, case.slices), case.model)
+  whole = estimate.torus_of(acc, case.grid, case.slices)
+  torus = estimate.data_torus(whole, case.model)
   grad_bytes = GRAD_BYTES_PER_PARAM * train["params"]
   coll = collectives.all_reduce_s(grad_bytes, torus, estimate.link(acc))
   wl = registry.get(workload)
@@ -257,4 +262,6 @@ def inputs(case: Case, m: Measured, records: dict[str, dict[str, Any]]) -> timem
       model_flops_per_step=float(wl.flops_per_example(cfg)) * m.global_batch,
       input_cpu_s_per_example=timemodel.INPUT_CPU_S.get(workload, 0.0) * case.host_decode,
       host_cores_per_device=acc.host_cores_per_chip / acc.devices_per_chip,
-      accelerator=acc.name, param_bytes_per_device=4.0 * train["params"])
+      accelerator=acc.name, param_bytes_per_device=4.0 * train["params"], workload=workload,
+      eval_collective_s=collectives.all_reduce_s(estimate.EVAL_SUMS_BYTES, whole,
+                                                 estimate.link(acc)))

@@ -21,7 +21,7 @@ from mlbench.errors import UserError
 from mlbench.pod import estimate, hlo, predict as predict_lib, quiet, timemodel
 from mlbench.pod.hlo import COLLECTIVES
 
-__all__ = ["COLLECTIVES", "CheckReport", "ProgramReport", "dry_run"]
+__all__ = ["COLLECTIVES", "CheckReport", "DoesNotFit", "ProgramReport", "dry_run"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,16 +153,27 @@ def _program(name: str, compiled: Any, devices: int) -> ProgramReport:
       collective_source=source, collective_group_bytes=dict(coll.by_group), xla_error=error)
 
 
+class DoesNotFit(UserError):
+  """XLA's compile-time out-of-memory, as one line with what to try; `need_bytes` and
+  `have_bytes` per device where XLA said them."""
+
+  def __init__(self, message: str, need_bytes: float | None = None,
+               have_bytes: float | None = None):
+    super().__init__(message)
+    self.need_bytes, self.have_bytes = need_bytes, have_bytes
+
+
 _OOM = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM "
                   r"\(([\d.]+)([KMGT]?)\)")
 _UNIT = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
-def _does_not_fit(plan: Any, where: str, error: Exception) -> UserError:
+def _does_not_fit(plan: Any, where: str, error: Exception) -> DoesNotFit:
   """The one-line error for XLA's compile-time out-of-memory, with what to try."""
   data = int(plan.mesh.shape.get("data", 1))
   m = _OOM.search(str(error))
   need, smaller = "", max(data, plan.gbs // 2 // data * data)
+  need_b = have_b = None
   if m:
     need_b = float(m.group(1)) * _UNIT[m.group(2)]
     have_b = float(m.group(3)) * _UNIT[m.group(4)]
@@ -171,10 +182,10 @@ def _does_not_fit(plan: Any, where: str, error: Exception) -> UserError:
     smaller = max(data, int(plan.gbs * have_b / need_b * 0.8) // data * data)
   batch = (f", or a smaller per-chip batch (--set global_batch_size={smaller})"
            if smaller < plan.gbs else " (the batch is already one example per data shard)")
-  return UserError(
+  return DoesNotFit(
       f"{plan.workload.name} --config {plan.config_name} at global batch {plan.gbs} does not "
       f"fit on {where}{need}; try --weight-update-sharding, a model axis (--mesh data=N,model=M)"
-      f"{remat_hint(plan.cfg)}{batch}")
+      f"{remat_hint(plan.cfg)}{batch}", need_b, have_b)
 
 
 def remat_hint(cfg: Any) -> str:

@@ -4,10 +4,12 @@ A TPU slice is a 2-D (v2, v3, v5e, v6e) or 3-D (v4, v5p) grid of chips joined by
 ICI links; a dimension has wraparound links (a torus ring) where the slice
 spans the whole dimension of a pod or a cube of 4 chips (v4, v5p). The model:
 
-- An all-reduce over the whole slice is done dimension by dimension (XLA's
-  and the papers' multi-dimensional ring): a reduce-scatter along each
-  dimension in turn, each on the data the previous one left, then the
-  all-gathers in reverse. Along one dimension of k chips a ring takes k - 1
+- An all-reduce over the whole slice is done dimension by dimension (the
+  papers' multi-dimensional ring): a reduce-scatter along each dimension in
+  turn, each on the data the previous one left, then the all-gathers in
+  reverse; with the buffer cut into one part per dimension, each part taking
+  the dimensions in its own order, so every dimension's links are busy in
+  every phase (`all_reduce_s`). Along one dimension of k chips a ring takes k - 1
   steps per phase; with wraparound, two counter-rotating rings each carry half
   the data (both directions of the links); without it (a line), one ring in
   effect (every link carries traffic both ways in turn).
@@ -75,13 +77,28 @@ def ring_phase_s(nbytes: float, k: int, wrap: bool, link: Link) -> float:
 
 
 def all_reduce_s(nbytes: float, t: Torus, link: Link) -> float:
-  """All-reduce of a buffer of `nbytes` on every chip of the slice(s)."""
-  total, left = 0.0, float(nbytes)
-  for k, wrap in zip(t.dims, t.wrap):  # reduce-scatter in, all-gather out: same cost
-    total += 2 * ring_phase_s(left, k, wrap, link)
-    left /= max(k, 1)
+  """All-reduce of a buffer of `nbytes` on every chip of the slice(s), over all the
+  torus's dimensions at once: the buffer is cut into one part per dimension (of more
+  than one chip), each part reduce-scattered through the dimensions in its own order
+  (part i starts on dimension i), so that in every phase each dimension's links carry
+  one part ("How to Scale Your Model", ch. 3: a collective over several axes divides its
+  time by their number); a phase lasts as long as its slowest part; the all-gathers
+  retrace it."""
+  dims = [(k, wrap) for k, wrap in zip(t.dims, t.wrap) if k > 1]
+  total, shard = 0.0, float(nbytes)
+  if dims:
+    n = len(dims)
+    left = [float(nbytes) / n] * n  # what each part still holds on a chip
+    for phase in range(n):
+      times = []
+      for part in range(n):
+        k, wrap = dims[(part + phase) % n]
+        times.append(ring_phase_s(left[part], k, wrap, link))
+        left[part] /= k
+      total += 2 * max(times)  # reduce-scatter in, all-gather out: the same cost
+    shard = sum(left)
   if t.slices > 1:
-    total += dcn_all_reduce_s(left, t.slices, link)
+    total += dcn_all_reduce_s(shard, t.slices, link)
   return total
 
 

@@ -17,6 +17,8 @@ from mlbench import accelerators
 from mlbench.pod import collectives, timemodel
 from mlbench.pod.timemodel import Constants, StepCost
 
+# An eval batch's sums (correct, count, loss: a few float32s), reduced over the slice.
+EVAL_SUMS_BYTES = 16.0
 # Used where no constants are fitted for a platform (see accelerators.yaml, time_model).
 UNFITTED = Constants(eta=0.5, hbm=1.0, fixed_flops=0.0, warmup_s=5.0, eval_overhead_s=1.0,
                      step_overhead_s=1e-3)
@@ -28,7 +30,7 @@ def constants(platform: str) -> tuple[Constants, dict[str, Any]]:
   if not raw:
     return UNFITTED, {"fitted_on": "nothing: no constants fitted for this platform"}
   return Constants.from_dict(raw), {k: v for k, v in raw.items()
-                                    if k not in (*Constants.NAMES, "eta_by")}
+                                    if k not in (*Constants.NAMES, "eta_by", "warmup_by")}
 
 
 def link(acc: accelerators.Accelerator) -> collectives.Link:
@@ -97,8 +99,8 @@ def inputs(acc: accelerators.Accelerator, p: Plan) -> timemodel.Inputs:
   grid, slices = grid_of(acc, chips)
   other = math.prod(v for k, v in p.mesh.items() if k != "data") or 1
   lk = link(acc)
-  coll = collectives.all_reduce_s(p.grad_bytes_per_device,
-                                  data_torus(torus_of(acc, grid, slices), other), lk)
+  torus = torus_of(acc, grid, slices)
+  coll = collectives.all_reduce_s(p.grad_bytes_per_device, data_torus(torus, other), lk)
   if other > 1 and p.model_collective_bytes:
     coll += collectives.group_s("all-reduce", p.model_collective_bytes, other, lk)
   return timemodel.Inputs(
@@ -109,7 +111,9 @@ def inputs(acc: accelerators.Accelerator, p: Plan) -> timemodel.Inputs:
       model_flops_per_step=p.model_flops_per_step,
       input_cpu_s_per_example=timemodel.INPUT_CPU_S.get(p.workload, 0.0),
       host_cores_per_device=acc.host_cores_per_chip / acc.devices_per_chip,
-      accelerator=acc.name, param_bytes_per_device=p.grad_bytes_per_device)
+      accelerator=acc.name, param_bytes_per_device=p.grad_bytes_per_device,
+      workload=p.workload,
+      eval_collective_s=collectives.all_reduce_s(EVAL_SUMS_BYTES, torus, lk))
 
 
 def run_step(acc: accelerators.Accelerator, plan: Any, result: Any

@@ -24,9 +24,11 @@ from mlbench import accelerators
 from mlbench.pod import calibration, costs, timemodel
 from mlbench.pod.timemodel import Constants
 
-# (lower, upper) and starting points of the fitted constants, in Constants.FITTED order.
-BOUNDS = ((0.05, 1.0), (0.3, 4.0), (0.0, 5e12), (0.0, 60.0), (0.0, 20.0))
-STARTS = ((0.5, 1.0, 2e11, 1.0, 0.2), (0.3, 2.0, 1e12, 5.0, 1.0), (0.8, 0.5, 0.0, 0.0, 0.0))
+# (lower, upper) and starting points of the fitted constants, in Constants.FITTED order:
+# eta, hbm, fixed_flops, eval_overhead_s, kappa, fixed_bytes_per_param.
+BOUNDS = ((0.05, 1.0), (0.3, 4.0), (0.0, 5e12), (0.0, 20.0), (0.0, 1.0), (0.0, 80.0))
+STARTS = ((0.5, 1.0, 2e11, 0.2, 1.0, 42.9), (0.3, 2.0, 1e12, 1.0, 0.5, 20.0),
+          (0.8, 0.5, 0.0, 0.0, 0.8, 60.0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,10 +52,23 @@ def rows(cases: tuple[calibration.Case, ...], root: Path) -> tuple[list[Row], li
 
 
 def base_constants() -> Constants:
-  """The constants the fit starts from, with the measured (not fitted) ones set: the
-  batch-independent bytes per parameter byte from the cached compiles."""
-  return Constants(*STARTS[0], fixed_bytes_per_param=round(
-      calibration.fixed_bytes_per_param(costs.load()), 2))
+  """The constants the fit starts from: the first starting point, the batch-independent
+  bytes per parameter byte as the cached compiles measure them, no warm-up."""
+  start = dict(zip(Constants.FITTED, STARTS[0]))
+  start["fixed_bytes_per_param"] = round(calibration.fixed_bytes_per_param(costs.load()), 2)
+  return Constants(**start, warmup_s=0.0)
+
+
+def warmups(rs: list[Row]) -> tuple[float, tuple[tuple[str, float], ...]]:
+  """The warm-up the logs show (`runlog.RunLog.warmup_s`): the median per workload over
+  the rows whose block times are sound, and over all of them for the other workloads."""
+  got: dict[str, list[float]] = {}
+  for r in rs:
+    if r.measured.warmup_s is not None:
+      got.setdefault(r.inputs.workload, []).append(r.measured.warmup_s)
+  every = [w for ws in got.values() for w in ws]
+  return (round(statistics.median(every), 3) if every else 0.0,
+          tuple(sorted((k, round(statistics.median(v), 3)) for k, v in got.items())))
 
 
 def _accelerators(rs: list[Row]) -> list[str]:
@@ -84,6 +99,9 @@ def fit(rs: list[Row], start: Constants | None = None, only_eta: bool = False,
 
   base = start or base_constants()
   accs = _accelerators(rs) if only_eta else None
+  if not only_eta:  # measured on the rows fitted on (a left-out run's logs are not used)
+    default, by = warmups(rs)
+    base = dataclasses.replace(base, warmup_s=default, warmup_by=by)
   if accs is not None:
     x0s, bounds = [[base.eta_for(a) for a in accs]], [BOUNDS[0]] * len(accs)
   else:
@@ -129,6 +147,7 @@ def write(platform: str, c: Constants, loo: dict[str, float], n: int,
   doc = {k: v for k, v in doc.items() if k != platform}
   doc[platform] = {**{k: _num(v) for k, v in zip(Constants.NAMES, c.to_list())},
                    "eta_by": {k: float(f"{v:.4g}") for k, v in c.eta_by},
+                   "warmup_by": {k: float(f"{v:.4g}") for k, v in c.warmup_by},
                    "fitted_constants": fitted,
                    "fitted_on": f"{n} published runs (mlbench/pod/calibration.py {cases})",
                    "fitted": datetime.date.today().isoformat(),
@@ -186,7 +205,10 @@ def calibrate(root: Path) -> Calibration:
   gpu, left_g = rows(calibration.GPU_CASES, root)
   c = fit(tpu, base_constants())
   fitted = [r for r in gpu if not r.case.not_fitted]
-  g = _gpu(fit(fitted, start=c, only_eta=True)) if fitted else c
+  # The GPU runs' own warm-ups, as their logs show them.
+  mine = dict(c.warmup_by) | dict(warmups(fitted)[1])
+  c_gpu = dataclasses.replace(c, warmup_by=tuple(sorted(mine.items())))
+  g = _gpu(fit(fitted, start=c_gpu, only_eta=True)) if fitted else c
   return Calibration(tpu=tpu, tpu_constants=c, tpu_loo=leave_one_out(tpu, c), held_out=held,
                      gpu=fitted, gpu_constants=g,
                      gpu_loo=leave_one_out(fitted, g, only_eta=True) if fitted else [],
@@ -201,10 +223,11 @@ def _gpu(c: Constants) -> Constants:
   return dataclasses.replace(c, eta=h100, eta_by=(("h100", h100), ("h200", h100)))
 
 
-TPU_NOTE = ("kappa and step_overhead_s are set, not fitted: the published runs fit best with "
-            "the gradient all-reduce (bf16) not overlapped and no host time per step (they "
-            "ran device loops); fixed_bytes_per_param is measured on the cached compiles "
-            "(calibration.fixed_bytes_per_param)")
+TPU_NOTE = ("warm-up measured, not fitted: the first block's time beyond the steady rate in the "
+            "logs whose block times are sound (runlog.RunLog.warmup_s), the median per "
+            "workload (warmup_by); kappa (the all-reduce's exposed fraction) and "
+            "fixed_bytes_per_param (the batch-independent HBM bytes per f32 parameter byte) "
+            "are fitted; step_overhead_s is set to 0 (the runs ran device loops)")
 
 
 def main() -> None:
@@ -221,7 +244,8 @@ def main() -> None:
     write("tpu", cal.tpu_constants, spread(cal.tpu_loo), len(cal.tpu), note=TPU_NOTE)
     if cal.gpu:
       write("gpu", cal.gpu_constants, spread(cal.gpu_loo), len(cal.gpu), cases="GPU_CASES",
-            note="the h100 eta fitted on the H100 runs (GPU_CASES), the others the TPU fit's",
+            note="the h100 eta fitted on the H100 runs (GPU_CASES), their warm-ups measured on "
+                 "their logs, the others the TPU fit's",
             fitted="eta_by.h100")
 
 

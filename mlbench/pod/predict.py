@@ -6,20 +6,18 @@ collectives send at the interconnect bandwidth; and XLA's own estimate
 (`optimal_seconds` of the TPU compiler's cost analysis). The prediction is the
 largest of them: the step can be no faster than any. Time to train is the
 predicted step time times the steps to converge, taken from MLPerf's reference
-convergence points (RCPs, shipped with mlperf-logging) for the batch size, or
-from a real run's result log.
+convergence points (RCPs, shipped with mlperf-logging; read as the RCP checker
+reads them, `rcp`) for the batch size, or from a real run's result log.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from mlbench import accelerators, rules
-from mlbench.pod import runlog, timemodel
+from mlbench.pod import rcp, runlog, timemodel
 from mlbench.errors import UserError
 
 
@@ -97,47 +95,19 @@ def predict(acc: accelerators.Accelerator, devices: int, global_batch: int, roof
       collectives_known=collectives_known)
 
 
-def _rcp_rounds(benchmark: str) -> list[tuple[tuple[int, ...], Any]]:
-  """(round, rcps_<benchmark>.json) for every training round mlperf-logging ships RCPs for."""
-  root = resources.files("mlperf_logging").joinpath("rcp_checker")
-  found = []
-  for d in root.iterdir():
-    name = d.name
-    if name.startswith("training_") and d.joinpath(f"rcps_{benchmark}.json").is_file():
-      found.append((tuple(int(x) for x in name.removeprefix("training_").split(".")),
-                    d.joinpath(f"rcps_{benchmark}.json")))
-  return sorted(found)
-
-
-def _interpolate(points: list[tuple[int, float]], batch: int) -> float:
-  """Mean convergence at `batch`, linear between the neighbouring reference batch sizes."""
-  points = sorted(points)
-  if batch <= points[0][0]:
-    return points[0][1]
-  for (b0, v0), (b1, v1) in zip(points, points[1:]):
-    if b0 <= batch <= b1:
-      return v0 + (v1 - v0) * (batch - b0) / (b1 - b0)
-  return points[-1][1]
-
-
 def from_rcps(rule: rules.Rule, global_batch: int, train_examples: int) -> Convergence | None:
   """Samples to converge from the RCPs of the rule's round (or the first later round with
-  RCPs for this benchmark), interpolated in batch size as the RCP checker does."""
+  RCPs for this benchmark): their mean at the batch as the RCP checker reads it (`rcp`)."""
   if not rule.official:  # The mini rules have targets of their own; no RCP applies.
     return None
-  want = tuple(int(x) for x in rule.ruleset.split("."))
-  rounds = [(r, f) for r, f in _rcp_rounds(rule.checker_benchmark) if r >= want]
-  if not rounds:
+  try:
+    table = rcp.load(rule)
+  except UserError:
     return None
-  rnd, path = rounds[0]
-  table = json.loads(path.read_text())
-  points = [(int(v["BS"]), sum(v["Epochs to converge"]) / len(v["Epochs to converge"]))
-            for v in table.values()]
-  value = _interpolate(points, global_batch)
-  samples = value if rule.convergence_unit is rules.Unit.SAMPLES else value * train_examples
-  unit = "samples" if rule.convergence_unit is rules.Unit.SAMPLES else "epochs"
-  return Convergence(samples=samples, source=f"MLPerf {'.'.join(map(str, rnd))} reference "
-                     f"convergence points ({value:,.4g} {unit} at batch {global_batch})")
+  c = rcp.at(table, global_batch)
+  samples = c.mean if rule.convergence_unit is rules.Unit.SAMPLES else c.mean * train_examples
+  return Convergence(samples=samples, source=f"{table.source} reference convergence points "
+                     f"({c.mean:,.4g} {c.unit.value} at batch {global_batch}, {c.how})")
 
 
 def from_log(path: Path, rule: rules.Rule, train_examples: int) -> Convergence:

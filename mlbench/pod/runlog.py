@@ -101,6 +101,7 @@ class RunLog:
   blocks: tuple[Block, ...]
   eval_s: tuple[float, ...]  # eval_start..eval_stop of each evaluation that logs both
   old_format: bool = False
+  start_s: float = 0.0       # the run's start (see module doc), as the log stamps it
 
   @property
   def steps(self) -> float:
@@ -120,6 +121,20 @@ class RunLog:
     if not later / 1.5 <= rates[0] <= later * 3 or max(rates[1:]) > 1.5 * later:
       return None
     return later * self.global_batch_size
+
+  def warmup_s(self) -> float | None:
+    """The first block's time beyond the later blocks' steady rate, plus the wait from the
+    run's start to it: compile, program load, the input pipeline's fill and the first
+    steps' warm-up as the log shows them; None where block times are not sound."""
+    step = self.sound_step_s()
+    if step is None:
+      return None
+    first = self.blocks[0]
+    steady = first.samples / self.global_batch_size * step
+    extra = max(0.0, first.start_s - self.start_s) + (first.stop_s - first.start_s - steady)
+    # A first block shorter than its samples allow is no warm-up: its stamps are not the
+    # training's (blocks that overlap evaluations, as in the v0.6 SSD logs).
+    return extra if extra >= 0 else None
 
 
 def _first(evs: list[Event], key: str) -> Event | None:
@@ -177,7 +192,8 @@ def read(path: Path, train_examples: int | None = None) -> RunLog:
       run_s=run_stop.time_s - start, samples=samples, evals=len(evals),
       eval_samples=int(_value(evs, "eval_samples", "num_eval_examples") or 0),
       train_examples=n_train, blocks=blocks,
-      eval_s=_eval_times(evs), old_format=not any(_NEW in ln for ln in _head(path)))
+      eval_s=_eval_times(evs), old_format=not any(_NEW in ln for ln in _head(path)),
+      start_s=start)
 
 
 def _head(path: Path) -> list[str]:

@@ -1,8 +1,9 @@
-"""Time to train on a pod, term by term: what `check` prints and the calibration fits.
+"""Time to train on a pod, term by term: what `check` and `plan` print and the calibration fits.
 
     time to train = first-block warm-up
                   + steps x (device step + exposed collectives + host overhead)
-                  + evaluations x (eval program x eval batches + per-evaluation overhead)
+                  + evaluations x (eval batches x (eval program + its sums' all-reduce)
+                                   + per-evaluation overhead)
 
 - device step: a soft roofline of the compiled train step per device, its FLOPs at
   the chip's peak over the fitted efficiency `eta` against its per-example HBM
@@ -12,24 +13,33 @@
   (the weight update, normalisation statistics, small ops' latencies), as FLOPs
   at the chip's peak, so it takes a v3 core 4.5x longer than a v4 chip. The
   per-example bytes are XLA's `bytes accessed` less the batch-independent ones,
-  `fixed_bytes_per_param` x the f32 parameter bytes per device (measured on the
-  cached compiles at two batches, not fitted): at pod scale the weight update
-  is sharded and those bytes are not what bounds a step, while the activations'
-  are (ResNet-50's convolutions with 64 to 256 channels read and write more per
-  FLOP than BERT's matmuls: this is what one efficiency per operation class
-  stood in for);
+  `fixed_bytes_per_param` x the f32 parameter bytes per device (fitted: at 8 to
+  16 examples a chip the weights' reads and writes are most of a step's bytes,
+  and a set value made small-batch steps look memory-bound that the published
+  runs show are not; the cached compiles' intercept, 36 to 47, is its start);
 - collectives: the data-parallel gradient all-reduce and the model/expert-axis
-  collectives, timed on the slice's torus (`collectives`), a fraction `kappa`
-  of them exposed (1: not overlapped; the published runs fit best so);
+  collectives, timed on the slice's torus (`collectives`: over all its axes at
+  once), a fitted fraction `kappa` of them exposed (1: not overlapped with the
+  backward pass);
 - per step, the host overhead `step_overhead_s` (0 for TPUs: the published runs
   ran device loops of whole epochs, and a per-step constant in host seconds fits
   them worse than the device's own fixed work);
-- an input-bound check: a host's cores decode `cores / cpu_s_per_example`
-  examples per second; a step can be no faster than its share of that;
+- input stalls: a host's cores decode `cores / cpu_s_per_example` examples per
+  second (`INPUT_CPU_S`, measured); a step can be no faster than its share of
+  that, and the terms say `input_bound` where it is that share that sets it;
 - evaluations: as many as the rules' cadence (or the run's log) says, each the
   compiled eval step (roofline and fixed work) over the eval set split over the
-  devices (padded to whole batches), plus the fitted per-evaluation overhead `e0`;
-- warm-up `w0`: the first block's extra time, fitted.
+  devices (padded to whole batches), each batch's sums all-reduced over the
+  slice (latency-bound at thousands of chips), plus the fitted per-evaluation
+  overhead `e0` (host work: reading the sums, logging);
+- warm-up: the first block's time beyond the steady rate, as the published logs
+  show it (`runlog.RunLog.warmup_s`: compile and program load, the input
+  pipeline's fill, the first steps), measured per workload where their block
+  times are sound (`warmup_by`), not fitted;
+- the last partial block: steps are whole, and a run trains to the end of the
+  evaluation block in which it converges (`plan` stops a run at the first
+  evaluation at or past its convergence; the calibration takes the steps its
+  logs record).
 
 The constants live in accelerators.yaml (`time_model`), fitted by `mlbench.pod.fit`
 on the published TPU runs (`calibration`).
@@ -72,14 +82,20 @@ class Constants:
   # The efficiency of accelerators fitted on their own (the H100 on GPU runs); `eta`
   # stands for the others.
   eta_by: tuple[tuple[str, float], ...] = ()
+  # The warm-up of each workload as the published logs show it (measured, not fitted:
+  # `runlog.RunLog.warmup_s`); `warmup_s` stands for the others.
+  warmup_by: tuple[tuple[str, float], ...] = ()
 
-  FITTED = ("eta", "hbm", "fixed_flops", "warmup_s", "eval_overhead_s")
-  NAMES = FITTED + ("kappa", "step_overhead_s", "fixed_bytes_per_param")
+  FITTED = ("eta", "hbm", "fixed_flops", "eval_overhead_s", "kappa", "fixed_bytes_per_param")
+  NAMES = FITTED + ("warmup_s", "step_overhead_s")
 
   @classmethod
   def from_dict(cls, raw: dict[str, Any]) -> Constants:
-    by = tuple(sorted((str(k), float(v)) for k, v in (raw.get("eta_by") or {}).items()))
-    return cls(**{k: float(raw[k]) for k in cls.NAMES if k in raw}, eta_by=by)
+    def pairs(key: str) -> tuple[tuple[str, float], ...]:
+      return tuple(sorted((str(k), float(v)) for k, v in (raw.get(key) or {}).items()))
+
+    return cls(**{k: float(raw[k]) for k in cls.NAMES if k in raw}, eta_by=pairs("eta_by"),
+               warmup_by=pairs("warmup_by"))
 
   def to_list(self) -> list[float]:
     return [getattr(self, k) for k in self.NAMES]
@@ -89,6 +105,9 @@ class Constants:
 
   def eta_for(self, accelerator: str) -> float:
     return dict(self.eta_by).get(accelerator, self.eta)
+
+  def warmup_for(self, workload: str) -> float:
+    return dict(self.warmup_by).get(workload, self.warmup_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +145,8 @@ class Inputs:
   host_cores_per_device: float = 0.0
   accelerator: str = ""          # accelerators.yaml key (its own fitted efficiency)
   param_bytes_per_device: float = 0.0  # f32 parameters (the batch-independent bytes)
+  workload: str = ""             # its measured warm-up
+  eval_collective_s: float = 0.0  # an eval batch's sums reduced over the slice
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,11 +195,12 @@ def predict(x: Inputs, c: Constants) -> Terms:
   input_s = per_device_batch * x.input_cpu_s_per_example / cores if cores > 0 else 0.0
   # No step is faster than its collectives alone or than its hosts can feed it.
   step = max(device + collective + c.step_overhead_s, x.collective_s, input_s)
-  eval_each = (x.eval_batches * (fixed + x.eval_batch_cost.roofline_s(
+  eval_each = (x.eval_batches * (fixed + x.eval_collective_s + x.eval_batch_cost.roofline_s(
       x.peak_flops_per_s, x.hbm_bytes_per_s, eta, c.hbm)) + c.eval_overhead_s)
   mfu = x.model_flops_per_step / (step * x.devices * x.peak_flops_per_s)
   return Terms(device_step_s=device, collective_s=collective, overhead_s=c.step_overhead_s,
-               input_step_s=input_s, step_s=step, steps=x.steps, warmup_s=c.warmup_s,
+               input_step_s=input_s, step_s=step, steps=x.steps,
+               warmup_s=c.warmup_for(x.workload),
                eval_each_s=eval_each, evals=x.evals, mfu=mfu, fixed_s=fixed)
 
 

@@ -6,7 +6,8 @@ owns, which a `Mesh` can span and `jit(...).lower(...).compile()` can compile
 for, with no TPU attached. Names follow Cloud TPU's accelerator types: v2, v3,
 v4 and v5p count TensorCores (two per chip), v5e and v6e count chips.
 `v3-4096` and `v3-8192` are the TPU-v3 multipods of Google's MLPerf v0.7
-submissions (2,048 and 4,096 chips), which Cloud TPU never sold.
+submissions (2,048 and 4,096 chips), which Cloud TPU never sold; `v4-6912` (3,456
+chips, 12x12x24) the slice of Google's v2.0 submission.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ _GRID_2D = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8),
             256: (16, 16), 512: (16, 32), 1024: (32, 32), 2048: (32, 64), 4096: (32, 128)}
 _GRID_3D = {4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4),
             128: (4, 4, 8), 256: (4, 8, 8), 512: (8, 8, 8), 1024: (8, 8, 16),
-            2048: (8, 16, 16), 4096: (16, 16, 16), 6144: (16, 16, 24)}
+            2048: (8, 16, 16), 3456: (12, 12, 24), 4096: (16, 16, 16), 6144: (16, 16, 24)}
 
 
 @dataclasses.dataclass(frozen=True)
