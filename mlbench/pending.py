@@ -19,7 +19,7 @@ so before `mlbench run` tidies one it judges each pending log by whose it is:
 - this host's (the same boot and PID namespace): abandoned once its process is
   gone (a pid reused since is told apart by the process's start time);
 - another host's: abandoned only when its heartbeat is older than the run's
-  `--stale-after` limit (`STALE_AFTER_S` by default): a live run elsewhere is safe;
+  `--stale-after` limit (`mlbench.config.STALE_AFTER_S` by default): a live run elsewhere is safe;
 - a log without a record (from mlbench before records): by the pid in its name.
 Every tidy says what it did with each pending log it found.
 """
@@ -44,7 +44,6 @@ from etils import epath
 from mlbench import paths, results, storage
 
 HEARTBEAT_S = 30.0
-STALE_AFTER_S = 1800.0  # 30 min: far above a heartbeat, and above any checkpoint interval.
 PARTIAL_LOG = "partial.log"
 """What an interrupted run's log is called inside its run folder."""
 _NAME = re.compile(r"pending_(\d+)_([0-9a-f]{8})\.(log|json)")
@@ -166,7 +165,7 @@ def read_record(p: epath.Path) -> Record | None:
     return None
 
 
-def scan(folder: paths.PathLike, *, stale_after: float = STALE_AFTER_S) -> list[Pending]:
+def scan(folder: paths.PathLike, *, stale_after: float) -> list[Pending]:
   """The pending logs (and lone records) in a benchmark folder, each judged."""
   folder = paths.path(folder)
   try:

@@ -23,13 +23,14 @@ def note_pending(paths, console: Console) -> None:
   from pathlib import Path
 
   from mlbench import pending
+  from mlbench.config import STALE_AFTER_S
 
   folders = set()
   for path in map(Path, paths):
     if path.is_dir():
       folders |= {p.parent for p in path.rglob("pending_*.log")}
   for folder in sorted(folders):
-    found = pending.scan(folder)
+    found = pending.scan(folder, stale_after=STALE_AFTER_S)
     stale = [p for p in found if p.abandoned and p.log is not None]
     live = [p for p in found if not p.abandoned and p.log is not None]
     if stale:

@@ -10,8 +10,7 @@ import click
 
 from mlbench.cli import output
 from mlbench.cli.scaling import scaling_config, scaling_options
-from mlbench.config import Division, RunConfig, default_cache_dir
-from mlbench.pending import STALE_AFTER_S
+from mlbench.config import STALE_AFTER_S, Division, RunConfig
 
 if TYPE_CHECKING:
   from mlbench.rules import Rule
@@ -99,7 +98,7 @@ def run_cmd(ctx: click.Context, workload: str, config_name: str | None,
     paths.check_name("--system", system)
   paths.check_name("--submitter", submitter)
   data = paths.path(data_dir, "--data-dir") if data_dir else paths.path(
-      default_cache_dir() / "data")
+      paths.default_cache_dir() / "data")
   if init_checkpoint:  # the config key of the workload's starting point
     overrides = (*overrides, f"{_start_key(workload)}={init_checkpoint}")
   rc = RunConfig(workload=workload, config=config_name, overrides=tuple(overrides),

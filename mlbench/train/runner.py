@@ -340,5 +340,5 @@ def _run_and_file(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch
   check = None
   if result.log is not None:
     with storage.fetched(result.log, "the run's log") as local:  # The checker reads files.
-      check = compliance.check_log(local, plan.rule, config_lib.default_cache_dir())
+      check = compliance.check_log(local, plan.rule, paths.default_cache_dir())
   return Outcome(run.index, result, check)

@@ -14,6 +14,7 @@ import pytest
 
 from mlbench import pending, results, storage
 from mlbench.cli import main
+from mlbench.config import STALE_AFTER_S
 from mlbench.errors import UserError
 
 
@@ -35,7 +36,7 @@ def test_pending_logs_tell_dead_from_live(tmp_path):
   live = tmp_path / f"pending_{os.getppid()}_{uuid.uuid4().hex[:8]}.log"
   live.write_text("running")
   (tmp_path / "pending_notes.log").write_text("not a pending log")
-  found = {p.log.name: p.abandoned for p in pending.scan(tmp_path)}
+  found = {p.log.name: p.abandoned for p in pending.scan(tmp_path, stale_after=STALE_AFTER_S)}
   assert found == {stale.name: True, live.name: False}
 
 

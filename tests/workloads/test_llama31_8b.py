@@ -153,7 +153,7 @@ def test_gradient_accumulation_gives_the_mean_gradient_of_the_whole_batch():
 
 
 def test_hparams_follow_the_mesh_and_the_official_and_mini_rules():
-  from mlbench import compliance, rules
+  from mlbench import compliance, paths, rules
   from mlbench.train import mesh as mesh_lib
   from mlbench.train.plan import harness_hparams
   from mlbench.workload import StepContext
@@ -174,7 +174,7 @@ def test_hparams_follow_the_mesh_and_the_official_and_mini_rules():
   assert {h.key for h in mini.hyperparameters} == {h.key for h in official.hyperparameters}
   # The derived checker rules free the scale-pinning keys and keep the optimizer's.
   import yaml
-  derived = compliance.checker_config(mini, compliance._cache_dir()).parent
+  derived = compliance.checker_config(mini, paths.default_cache_dir()).parent
   keys = {r["KEY"]["NAME"]: r["KEY"] for r in yaml.safe_load(
       (derived / "closed_llama31_8b.yaml").read_text()) if "KEY" in r}
   assert "CHECK" not in keys["max_sequence_length"] and "CHECK" not in keys["max_steps"]
