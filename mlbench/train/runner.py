@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from rich.console import Console
 
-from mlbench import compliance, config as config_lib, faults, paths, results, storage
+from mlbench import compliance, config as config_lib, faults, paths, results, storage, system
 from mlbench import pending as pending_lib
 from mlbench.train import checkpoint, loop, peers, resume, runtime as runtime_lib, signals
 from mlbench.train import compile_cache, space, telemetry
@@ -101,7 +101,7 @@ def prepare(rc: RunConfig) -> Plan:
   if not runtime.is_leader:
     return plan
   with paths.errors("cannot write under --results-dir", rc.results_dir):
-    on_disk = results.ensure_system(rc.results_dir, plan.system_desc)
+    on_disk = system.ensure_system(rc.results_dir, plan.system_desc)
   return dataclasses.replace(plan, system_desc=on_disk)
 
 
