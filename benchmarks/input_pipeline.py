@@ -73,7 +73,7 @@ def main() -> None:
   ap.add_argument("--rounds", type=int, default=4)
   args = ap.parse_args()
 
-  from mlbench import paths
+  from mlbench.storage import paths
   from mlbench.train import data
   from mlbench.workload import Split
   from workloads.resnet50 import config, input_pipeline

@@ -37,7 +37,8 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-from mlbench import paths, rules as rules_lib
+from mlbench import rules as rules_lib
+from mlbench.storage import paths
 from mlbench.errors import UserError
 
 _ENQUEUE = "enqueue_config('"

@@ -19,13 +19,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.errors import UserError, choices
 from mlbench.fields import ConfigError, DType
 from mlbench.workload import Workload
 
 STALE_AFTER_S = 1800.0
-"""`--stale-after`: 30 min without a heartbeat (`mlbench.pending.HEARTBEAT_S`, 30 s) and another
+"""`--stale-after`: 30 min without a heartbeat (`storage.pending.HEARTBEAT_S`, 30 s) and another
 host's pending log counts as abandoned; above any checkpoint interval too."""
 
 

@@ -3,7 +3,7 @@
 `probe` finds what the process can tell of its host and devices (processor, caches,
 memory, OS, accelerators); `describe` makes of it the `systems/<system>.json` that
 system_desc_checker accepts, and `ensure_system` writes it into the results folder once
-(`mlbench.results.system_file`): never replaced, and a later run with a different
+(`mlbench.storage.results.system_file`): never replaced, and a later run with a different
 division is refused.
 """
 
@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from mlbench import paths, results, storage
+from mlbench.storage import paths, results, writes
 from mlbench.errors import UserError
 
 # Allowed `status` values of systems/<system>.json (system_desc_checker, >= 4.0)
@@ -192,7 +192,7 @@ def ensure_system(results_dir: paths.PathLike, description: dict[str, Any]) -> d
   """
   path = results.system_file(results_dir, description["system_name"])
   path.parent.mkdir(parents=True, exist_ok=True)
-  storage.write_new(path, json.dumps(description, indent=2) + "\n")
+  writes.write_new(path, json.dumps(description, indent=2) + "\n")
   try:
     on_disk = json.loads(path.read_text())
   except (OSError, json.JSONDecodeError) as e:

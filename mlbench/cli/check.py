@@ -45,7 +45,7 @@ def check_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...]
   pod time. With --topology: also XLA's estimated step time, the roofline terms, the
   predicted samples/s, MFU and time to train.
   """
-  from mlbench import paths
+  from mlbench.storage import paths
   from mlbench.pod import check, parallel
   from mlbench.train import compile_cache
 

@@ -22,7 +22,7 @@ def note_pending(paths, console: Console) -> None:
   """
   from pathlib import Path
 
-  from mlbench import pending
+  from mlbench.storage import pending
   from mlbench.config import STALE_AFTER_S
 
   folders = set()
@@ -43,7 +43,7 @@ def note_pending(paths, console: Console) -> None:
 
 
 def unfetched(value, local, original):
-  """`value` (a JSON-ready report) with the paths of a local copy (`storage.fetched`)
+  """`value` (a JSON-ready report) with the paths of a local copy (`storage.writes.fetched`)
   named as the bucket paths they were copied from."""
   local, original = str(local), str(original).rstrip("/")
   if local == original:

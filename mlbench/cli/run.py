@@ -89,7 +89,7 @@ def run_cmd(ctx: click.Context, workload: str, config_name: str | None,
   Prints one JSON line per run on stdout; progress and summaries on stderr.
   Exit code 0 when every run reached the target with a compliant log, else 1.
   """
-  from mlbench import paths
+  from mlbench.storage import paths
   from mlbench.train.telemetry import ProfileWindow
 
   window = ProfileWindow.parse(profile) if profile is not None else None

@@ -24,7 +24,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.datasets import receipts, shards
 from mlbench.errors import UserError
 

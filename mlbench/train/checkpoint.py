@@ -38,7 +38,7 @@ from typing import Any
 
 import jax
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.errors import UserError
 from mlbench.train import failed_saves, restore as restore_lib, signals
 from mlbench.train.restore import abstract_state, continue_clock, read_meta, restore

@@ -23,10 +23,10 @@ from typing import Any
 
 from rich.console import Console
 
-from mlbench import faults, paths, storage
+from mlbench.storage import faults, paths, writes
 from mlbench.errors import StorageFailed
 from mlbench.mllog import MLLog
-from mlbench.pending import PendingRun
+from mlbench.storage.pending import PendingRun
 from mlbench.train import signals
 from mlbench.train.lease import Lease
 from mlbench.train.runrecord import FINISHED_FILE
@@ -103,7 +103,7 @@ class RunEnd:
     """finished.json in the checkpoint folder; where it cannot be written, --resume still
     refuses the run, finding its log among the results."""
     try:
-      storage.write_new(self._saver.directory / FINISHED_FILE,
+      writes.write_new(self._saver.directory / FINISHED_FILE,
                         json.dumps({"log": str(self._where)}) + "\n")
     except Exception as e:
       fault = faults.diagnose(e, self._saver.directory)

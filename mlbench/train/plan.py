@@ -13,7 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from mlbench import config as config_lib, fields, paths, registry, rules, system as system_lib
+from mlbench import config as config_lib, fields, registry, rules, system as system_lib
+from mlbench.storage import paths
 from mlbench.train import data, mesh as mesh_lib, pipeline
 from mlbench.config import Division, InputMode, RunConfig
 from mlbench.errors import UserError, choices

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.errors import UserError
 
 
@@ -137,12 +137,12 @@ def set_aside(directory: paths.PathLike, step: int) -> paths.Path:
   if not paths.is_remote(directory):
     os.rename(src, dst)
     return dst
-  from mlbench import storage
+  from mlbench.storage import writes
 
   for f in [f for f in src.rglob("*") if not f.is_dir()]:
     f.copy(dst / f.relative_to(src), overwrite=True)
   for f in [f for f in src.rglob("*") if not f.is_dir()]:
-    storage.remove(f)
+    writes.remove(f)
   return dst
 
 

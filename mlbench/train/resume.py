@@ -28,7 +28,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.config import Division, InputMode, RunConfig
 from mlbench.errors import UserError
 from mlbench.train.runrecord import RunRecord, digest, find_run, text, versions

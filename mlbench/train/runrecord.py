@@ -14,7 +14,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.errors import UserError
 
 RUN_FILE = "run.json"

@@ -24,7 +24,7 @@ import os
 import shutil
 from typing import Any
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.errors import UserError
 from mlbench.train.runrecord import find_run
 

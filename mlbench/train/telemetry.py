@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mlbench import faults
+from mlbench.storage import faults
 from mlbench.errors import UserError
 
 

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from mlbench import pending, results, storage
+from mlbench.storage import pending, results, writes
 from mlbench.cli import main
 from mlbench.config import STALE_AFTER_S
 from mlbench.errors import UserError
@@ -71,11 +71,11 @@ def test_validate_ignores_a_killed_runs_log_with_a_note(capsys, tmp_path, write_
 
 def test_check_writable_refuses_a_missing_mount_and_a_file(tmp_path):
   with pytest.raises(UserError, match=r"its parent .*missing does not exist \(a missing mount\?\)"):
-    storage.check_writable(tmp_path / "missing" / "ckpt", "--checkpoint-dir")
+    writes.check_writable(tmp_path / "missing" / "ckpt", "--checkpoint-dir")
   assert not (tmp_path / "missing").exists()
   (tmp_path / "file").write_text("")
   with pytest.raises(UserError, match="cannot write to --results-dir"):
-    storage.check_writable(tmp_path / "file" / "res", "--results-dir", parents=True)
+    writes.check_writable(tmp_path / "file" / "res", "--results-dir", parents=True)
 
 
 def test_check_writable_refuses_a_full_filesystem(tmp_path):
@@ -86,7 +86,7 @@ def test_check_writable_refuses_a_full_filesystem(tmp_path):
     pytest.skip("cannot mount a small tmpfs here (needs root)")
   try:
     with pytest.raises(UserError, match=r"has only 1\.0 MiB free"):
-      storage.check_writable(mnt / "res", "--results-dir")
+      writes.check_writable(mnt / "res", "--results-dir")
   finally:
     subprocess.run(["umount", str(mnt)], check=True)
 

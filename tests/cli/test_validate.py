@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mlbench import results, system
+from mlbench import system
+from mlbench.storage import results
 from mlbench.cli import main
 
 DATA = Path(__file__).parents[1] / "data" / "mlperf-results"

@@ -30,7 +30,8 @@ def official_check(tmp_path):
   """official_check(log, rule): the official compliance checker, run here by the test
   itself as a user would, passes `log` under `rule` (derived checker rules for mlbench's
   own rulesets)."""
-  from mlbench import compliance, paths
+  from mlbench import compliance
+  from mlbench.storage import paths
 
   def check(log, rule):
     config = compliance.checker_config(rule, paths.default_cache_dir())

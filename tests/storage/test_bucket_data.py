@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.cli import main
 
 WNIDS = ("n01440764", "n01443537", "n01484850")

@@ -9,7 +9,7 @@ import json
 import jax.numpy as jnp
 import pytest
 
-from mlbench import faults, paths, pending, results
+from mlbench.storage import faults, paths, pending, results
 from mlbench.errors import StorageFailed
 from mlbench.train import checkpoint, steps
 from mlbench.train.clock import Clock

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from mlbench import paths, pending, results
+from mlbench.storage import paths, pending, results
 from mlbench.config import STALE_AFTER_S
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,8 @@ import jax
 import pytest
 from mlperf_logging.system_desc_checker import system_desc_checker
 
-from mlbench import pending, results, system
+from mlbench import system
+from mlbench.storage import pending, results
 from mlbench.errors import UserError
 
 

@@ -14,7 +14,7 @@ import time
 import pytest
 from rich.console import Console
 
-from mlbench import pending, results
+from mlbench.storage import pending, results
 from mlbench.mllog import MLLog
 from mlbench.train import checkpoint, filing, lease as lease_lib
 

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from mlbench import faults
+from mlbench.storage import faults
 from mlbench.errors import StorageFailed, UserError
 from mlbench.mllog import MLLog
 from mlbench.train import checkpoint, failed_saves, space, steps
@@ -204,7 +204,7 @@ def test_a_log_write_that_fails_stops_the_run_with_its_log_kept_whole(small_disk
 
   from rich.console import Console
 
-  from mlbench import pending, results
+  from mlbench.storage import pending, results
   from mlbench.train import filing, lease as lease_lib
 
   root = small_disk(1) / "results"

@@ -153,7 +153,8 @@ def test_gradient_accumulation_gives_the_mean_gradient_of_the_whole_batch():
 
 
 def test_hparams_follow_the_mesh_and_the_official_and_mini_rules():
-  from mlbench import compliance, paths, rules
+  from mlbench import compliance, rules
+  from mlbench.storage import paths
   from mlbench.train import mesh as mesh_lib
   from mlbench.train.plan import harness_hparams
   from mlbench.workload import StepContext

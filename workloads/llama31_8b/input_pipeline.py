@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.errors import UserError
 from mlbench.train import data
 from mlbench.workload import Split

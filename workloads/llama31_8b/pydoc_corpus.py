@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.train import data
 from workloads.common import llm
 from workloads.llama31_8b import indexed

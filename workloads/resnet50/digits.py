@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.datasets import records
 from mlbench.train import data
 from workloads.resnet50.config import DIGITS_SPLIT, ResNetConfig, Source

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.datasets import records
 from mlbench.train import data
 from workloads.transformer import vocab

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.errors import UserError
 from mlbench.train import data
 from mlbench.workload import Split

@@ -51,7 +51,7 @@ def _fresh_listings() -> None:
   if _fresh:
     return
   _fresh = True
-  from mlbench import faults
+  from mlbench.storage import faults
 
   faults.watch_gcsfs()  # Its retries said once, its tracebacks off the console.
   try:

@@ -6,7 +6,7 @@
 so `python -m mlperf_logging.package_checker <results_dir> training <ruleset>`
 runs on `<results_dir>`, which may be a local folder, a mount shared by hosts
 or a bucket (`gs://...`). A run logs into a pending file next to the results and
-publishes it as the lowest free `result_<i>.txt` (`mlbench.pending`), never
+publishes it as the lowest free `result_<i>.txt` (`storage.pending`), never
 overwriting one. What goes into `systems/<system>.json` is `mlbench.system`'s.
 """
 
@@ -17,7 +17,7 @@ import secrets
 
 from etils import epath
 
-from mlbench import paths
+from mlbench.storage import paths
 
 
 def benchmark_dir(results_dir: paths.PathLike, system: str, benchmark: str) -> epath.Path:
