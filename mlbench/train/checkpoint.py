@@ -41,14 +41,9 @@ import jax
 from mlbench.storage import paths
 from mlbench.errors import UserError
 from mlbench.train import failed_saves, restore as restore_lib, signals
-from mlbench.train.restore import abstract_state, continue_clock, read_meta, restore
-from mlbench.train.runrecord import FINISHED_FILE, RUN_FILE, RunRecord, find_run
+from mlbench.train.restore import abstract_state, continue_clock, manager, restore
 
-__all__ = ["FINISHED_FILE", "RUN_FILE", "RunRecord", "RunSaver", "abstract_state",
-           "continue_clock", "find_run", "read_meta", "restore"]
 SAVE_RATE = 100e6  # bytes/s a first save is assumed to write, until one is measured
-
-ITEMS = ("state", "sums", "meta")
 
 
 @dataclasses.dataclass
@@ -64,36 +59,6 @@ class _Snapshot:
   evals: list[tuple[float, float]]
   input_wait_s: float
   taken: float
-
-
-def _array_handlers() -> Any:
-  """Array handling without replica-parallel saving.
-
-  orbax's default splits each replicated array across its replicas so that
-  they write in parallel; the slicing compiles one XLA program per array shape,
-  inside `save()`: the first save of the ResNet-50 mini stalled the step loop
-  for 22 s (a 100-shape pytree: 106 s, against 0.17 s without it). One replica
-  writing each array is what a data-parallel pod wants anyway.
-  """
-  import orbax.checkpoint as ocp
-
-  registry = ocp.type_handlers.create_type_handler_registry(
-      (jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False)))
-  return ocp.PyTreeCheckpointHandler(type_handler_registry=registry)
-
-
-def manager(directory: paths.Path, on_saved: Callable[[], None] | None = None) -> Any:
-  """The run's orbax CheckpointManager; `on_saved` runs when a save is committed."""
-  import orbax.checkpoint as ocp
-
-  options = ocp.CheckpointManagerOptions(
-      enable_async_checkpointing=True, create=True,
-      preservation_policy=ocp.checkpoint_managers.LatestN(n=2),
-      async_options=ocp.AsyncOptions(post_finalization_callback=on_saved))
-  return ocp.CheckpointManager(
-      paths.resolve(directory), options=options, item_names=ITEMS,
-      item_handlers={"state": _array_handlers(), "sums": _array_handlers(),
-                     "meta": ocp.JsonCheckpointHandler()})
 
 
 class Checkpoints:

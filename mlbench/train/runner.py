@@ -30,7 +30,7 @@ from mlbench.train.filing import RunEnd
 from mlbench.train.lease import Lease
 from mlbench.train.plan import Plan, check_inputs, make_plan
 from mlbench.train.progress import RunProgress
-from mlbench.train.runrecord import find_run, new_record
+from mlbench.train.runrecord import FINISHED_FILE, RUN_FILE, find_run, new_record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,7 +200,7 @@ def _saver(plan: Plan, run: Run,
     with faults.needed(ckpt_dir):
       ckpt_dir.mkdir(parents=True, exist_ok=True)
       record = new_record(plan, run.run_id, run.seeds, run.index)
-      writes.write_new(ckpt_dir / checkpoint.RUN_FILE, record.to_json())
+      writes.write_new(ckpt_dir / RUN_FILE, record.to_json())
     if rc.checkpoint_dir is not None:  # The run folder says where its checkpoints are.
       with faults.needed(folder):
         folder.mkdir(parents=True, exist_ok=True)
@@ -241,8 +241,7 @@ def _refuse_if_published(plan: Plan, saver: checkpoint.RunSaver) -> None:
     with log.open("rb") as f:
       if f.read(len(prefix)) != prefix:
         continue
-    writes.write_new(saver.directory / checkpoint.FINISHED_FILE,
-                      json.dumps({"log": str(log)}) + "\n")
+    writes.write_new(saver.directory / FINISHED_FILE, json.dumps({"log": str(log)}) + "\n")
     raise UserError(f"--resume {saver.directory}: that run already finished ({log}); start a "
                     "new run instead")
 

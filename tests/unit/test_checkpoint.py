@@ -9,7 +9,7 @@ import pytest
 
 from mlbench.errors import UserError
 from mlbench.mllog import MLLog
-from mlbench.train import checkpoint, mesh as mesh_lib, sharding, steps
+from mlbench.train import checkpoint, mesh as mesh_lib, restore, sharding, steps
 from mlbench.train.clock import Clock
 from mlbench.train.goodput import measure
 from mlbench.train.loop import RunResult
@@ -51,9 +51,9 @@ def test_a_checkpoint_of_8_devices_restores_onto_4_bit_for_bit(tmp_path):
   ckpts.close()
 
   mesh4, sh4 = _shardings(WORKLOAD, cfg, tx, jax.devices()[:4])
-  abstract = checkpoint.abstract_state(init, sh4, mesh4)
-  got = checkpoint.restore(tmp_path / "ckpt", abstract,
-                           {"loss": mesh_lib.replicated(mesh4)})
+  abstract = restore.abstract_state(init, sh4, mesh4)
+  got = restore.restore(tmp_path / "ckpt", abstract,
+                        {"loss": mesh_lib.replicated(mesh4)})
   assert got.step == 5 and float(got.sums["loss"]) == 3.5
   assert got.meta["log"] == ":::MLLOG line 1\n" and got.meta["evals"] == [[1, 0.25]]
   leaves4 = jax.tree.leaves(got.state.replace(rng=jax.random.key_data(got.state.rng)))

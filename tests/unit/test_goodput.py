@@ -12,7 +12,7 @@ import pytest
 
 from mlbench.errors import Interrupted
 from mlbench.mllog import MLLog
-from mlbench.train import checkpoint, goodput, loop, signals, steps
+from mlbench.train import checkpoint, goodput, loop, restore, signals, steps
 from mlbench.train.clock import Clock
 from mlbench.train.progress import RunProgress
 
@@ -58,11 +58,11 @@ def test_an_interrupted_blocks_input_wait_is_in_its_checkpoint_and_goodput(tmp_p
   assert saver.final() == 6
   saver.close()
 
-  meta = checkpoint.read_meta(tmp_path / "ck")  # what a resumed run continues from
+  meta = restore.read_meta(tmp_path / "ck")  # what a resumed run continues from
   assert meta["input_wait_s"] >= 6 * WAIT_S
   assert meta["segments"]["train"] >= meta["input_wait_s"]
   resumed, again = Clock(), loop.RunResult(seed=0)
-  checkpoint.continue_clock(resumed, again, meta)
+  restore.continue_clock(resumed, again, meta)
   resumed.mark("run_stop")
   g = goodput.measure(resumed, again)
   assert g.input_wait_s == meta["input_wait_s"]
