@@ -110,7 +110,7 @@ def run_cmd(ctx: click.Context, workload: str, config_name: str | None,
                  stale_after=stale_after, **scaling_config(scaling),
                  profile=None if window is None else (window.start, window.count))
   if resume is not None:  # Before JAX starts: a clashing --resume fails at once.
-    from mlbench.train import resume as resume_lib
+    from mlbench.train.lifecycle import resume as resume_lib
 
     given = {p.name for p in ctx.command.params if ctx.get_parameter_source(p.name) in (
         click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)}

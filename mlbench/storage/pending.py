@@ -7,7 +7,7 @@ benchmark folder, beside a record of the run, `pending_<pid>_<run id>.json`:
 
 which a thread of the run rewrites every `HEARTBEAT_S` seconds (`heartbeat`,
 Unix time; the same record and judgement keep a run folder's lease,
-`mlbench.train.lease`). An object in a bucket cannot be appended to, so there the
+`mlbench.train.lifecycle.lease`). An object in a bucket cannot be appended to, so there the
 run logs into a local file and every heartbeat uploads it as the pending log.
 
 A run that ends publishes its log as the lowest free `result_<i>.txt`

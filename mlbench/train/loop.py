@@ -24,10 +24,11 @@ import numpy as np
 
 from mlbench.train import data, evaluate, goodput, mesh as mesh_lib, mfu, pipeline
 from mlbench.train import runtime as runtime_lib
-from mlbench.train import signals, steps, telemetry
+from mlbench.train import steps, telemetry
+from mlbench.train.lifecycle import signals
 from mlbench.train.telemetry import Telemetry
 from mlbench.train.clock import Clock
-from mlbench.train.checkpoint import RunSaver
+from mlbench.train.lifecycle.checkpoint import RunSaver
 from mlbench.errors import UserError
 from mlbench.mllog import MLLog
 from mlbench.train.plan import Plan, Point
@@ -80,7 +81,7 @@ def run_once(plan: Plan, seed: int, log: MLLog, progress: RunProgress,
              saver: RunSaver | None = None, tele: Telemetry | None = None) -> RunResult:
   """One complete time-to-quality run, logged to `log`.
 
-  With `saver` (see mlbench.train.checkpoint via the runner), the run saves
+  With `saver` (see mlbench.train.lifecycle.checkpoint via the runner), the run saves
   checkpoints, or continues from one when `saver.resuming`; with `tele`, it writes
   TensorBoard scalars and traces the profile window (see telemetry).
   """

@@ -19,18 +19,18 @@ from collections.abc import Callable
 from rich.console import Console
 
 from mlbench import compliance, config as config_lib, system
-from mlbench.storage import faults, paths, results, writes
-from mlbench.storage import pending as pending_lib
-from mlbench.train import checkpoint, loop, peers, resume, runtime as runtime_lib, signals
-from mlbench.train import compile_cache, space, telemetry
 from mlbench.config import RunConfig
 from mlbench.errors import Interrupted, StorageFailed, UserError
 from mlbench.mllog import MLLog
-from mlbench.train.filing import RunEnd
-from mlbench.train.lease import Lease
+from mlbench.storage import faults, paths, results, writes
+from mlbench.storage import pending as pending_lib
+from mlbench.train import compile_cache, loop, runtime as runtime_lib, telemetry
+from mlbench.train.lifecycle import checkpoint, peers, resume, signals, space
+from mlbench.train.lifecycle.filing import RunEnd
+from mlbench.train.lifecycle.lease import Lease
+from mlbench.train.lifecycle.runrecord import FINISHED_FILE, RUN_FILE, find_run, new_record
 from mlbench.train.plan import Plan, check_inputs, make_plan
 from mlbench.train.progress import RunProgress
-from mlbench.train.runrecord import FINISHED_FILE, RUN_FILE, find_run, new_record
 
 
 @dataclasses.dataclass(frozen=True)

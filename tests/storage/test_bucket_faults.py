@@ -11,7 +11,8 @@ import pytest
 
 from mlbench.storage import faults, paths, pending, results
 from mlbench.errors import StorageFailed
-from mlbench.train import checkpoint, steps
+from mlbench.train import steps
+from mlbench.train.lifecycle import checkpoint
 from mlbench.train.clock import Clock
 from mlbench.train.loop import RunResult
 

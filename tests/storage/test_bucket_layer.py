@@ -132,10 +132,10 @@ def test_the_heartbeat_uploads_the_log_and_refreshes_the_record(bucket):
 
 
 def test_a_run_folder_in_a_bucket_is_held_by_one_live_run(bucket):
-  """The lease of mlbench.train.lease, in a bucket: refused while another host's run beats,
-  taken over once its heartbeat is older than --stale-after, exactly once."""
+  """The lease of mlbench.train.lifecycle.lease, in a bucket: refused while another host's run
+  beats, taken over once its heartbeat is older than --stale-after, exactly once."""
   from mlbench.errors import UserError
-  from mlbench.train.lease import Lease
+  from mlbench.train.lifecycle.lease import Lease
 
   folder = results.run_folder(f"{bucket}/results", "sys", "resnet", "abcd1234") / "checkpoints"
   now = time.time()
@@ -147,8 +147,8 @@ def test_a_run_folder_in_a_bucket_is_held_by_one_live_run(bucket):
   lease = Lease.take(folder, "abcd1234", stale_after=30, what="--resume", heartbeat_s=0.1)
   assert [p.name for p in folder.iterdir()] == ["lease-1.json"] and lease.ours()
   # Another process of this host, while this one holds it and beats.
-  out = subprocess.run([sys.executable, "-c", "import sys; from mlbench.train.lease import "
-                        "Lease; Lease.take(sys.argv[1], 'abcd1234', stale_after=30, "
+  out = subprocess.run([sys.executable, "-c", "import sys; from mlbench.train.lifecycle.lease "
+                        "import Lease; Lease.take(sys.argv[1], 'abcd1234', stale_after=30, "
                         "what='--resume')", str(folder)], capture_output=True, text=True,
                        env={**os.environ}, timeout=120)
   assert out.returncode == 1 and (f"UserError: --resume: that run is in progress elsewhere "

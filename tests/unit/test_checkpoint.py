@@ -9,7 +9,8 @@ import pytest
 
 from mlbench.errors import UserError
 from mlbench.mllog import MLLog
-from mlbench.train import checkpoint, mesh as mesh_lib, restore, sharding, steps
+from mlbench.train import mesh as mesh_lib, sharding, steps
+from mlbench.train.lifecycle import checkpoint, restore
 from mlbench.train.clock import Clock
 from mlbench.train.goodput import measure
 from mlbench.train.loop import RunResult

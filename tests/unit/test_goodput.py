@@ -12,7 +12,8 @@ import pytest
 
 from mlbench.errors import Interrupted
 from mlbench.mllog import MLLog
-from mlbench.train import checkpoint, goodput, loop, restore, signals, steps
+from mlbench.train import goodput, loop, steps
+from mlbench.train.lifecycle import checkpoint, restore, signals
 from mlbench.train.clock import Clock
 from mlbench.train.progress import RunProgress
 

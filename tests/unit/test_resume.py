@@ -17,8 +17,8 @@ import pytest
 from mlbench.storage import pending, writes
 from mlbench.cli import main
 from mlbench.config import RunConfig
-from mlbench.train import lease as lease_lib, resume
-from mlbench.train.runrecord import RUN_FILE, RunRecord, versions
+from mlbench.train.lifecycle import lease as lease_lib, resume
+from mlbench.train.lifecycle.runrecord import RUN_FILE, RunRecord, versions
 
 RID = "abcd1234"
 
@@ -252,7 +252,7 @@ _TAKER = """
 import sys, time
 from pathlib import Path
 from mlbench import errors
-from mlbench.train.lease import Lease
+from mlbench.train.lifecycle.lease import Lease
 go = Path(sys.argv[2])
 Path(sys.argv[3]).touch()
 while not go.exists():

@@ -13,11 +13,11 @@ on as if nothing had happened:
            `step` batches
 
 The checkpoint folder also holds `run.json`, written once when the run
-starts (`mlbench.train.runrecord`), so `--resume` repeats it exactly, and the
-lease of the live run that owns it (`mlbench.train.lease`). Every process saves
+starts (`mlbench.train.lifecycle.runrecord`), so `--resume` repeats it exactly, and the
+lease of the live run that owns it (`mlbench.train.lifecycle.lease`). Every process saves
 its own shards into the same folder, which may be a bucket (`gs://...`) every
 host writes to; orbax's multi-host protocol has process 0 commit the step once
-all have written. Restoring (`mlbench.train.restore`) reshards onto whatever mesh
+all have written. Restoring (`mlbench.train.lifecycle.restore`) reshards onto whatever mesh
 the resumed run has (a smaller pod after a failure) and skips a damaged checkpoint.
 
 Each save's full duration (until orbax commits it) is measured: a stop by signal allows
@@ -40,8 +40,8 @@ import jax
 
 from mlbench.storage import paths
 from mlbench.errors import UserError
-from mlbench.train import failed_saves, restore as restore_lib, signals
-from mlbench.train.restore import abstract_state, continue_clock, manager, restore
+from mlbench.train.lifecycle import failed_saves, restore as restore_lib, signals
+from mlbench.train.lifecycle.restore import abstract_state, continue_clock, manager, restore
 
 SAVE_RATE = 100e6  # bytes/s a first save is assumed to write, until one is measured
 

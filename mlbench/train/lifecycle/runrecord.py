@@ -1,7 +1,7 @@
 """The record of a run, `run.json`: what `--resume` continues, and finding it.
 
 Written once, when a run that checkpoints starts, into its checkpoint folder: every
-setting that changes training or the result (see `mlbench.train.resume` for what a
+setting that changes training or the result (see `mlbench.train.lifecycle.resume` for what a
 resumed run may and may not change). Light on purpose (no JAX).
 """
 

@@ -42,7 +42,7 @@ def why(e: BaseException) -> str:
 
 
 ITEMS = ("state", "sums", "meta")
-"""What a checkpoint holds (see `mlbench.train.checkpoint`)."""
+"""What a checkpoint holds (see `mlbench.train.lifecycle.checkpoint`)."""
 
 
 def _array_handlers() -> Any:

@@ -26,7 +26,7 @@ from typing import Any
 
 from mlbench.storage import paths
 from mlbench.errors import UserError
-from mlbench.train.runrecord import find_run
+from mlbench.train.lifecycle.runrecord import find_run
 
 KEPT = 2  # checkpoint.manager's LatestN
 LOG_BYTES = 16 << 10  # the setup lines of a log (hyperparameters and the rest)

@@ -27,9 +27,9 @@ from mlbench.storage import faults, paths, writes
 from mlbench.errors import StorageFailed
 from mlbench.mllog import MLLog
 from mlbench.storage.pending import PendingRun
-from mlbench.train import signals
-from mlbench.train.lease import Lease
-from mlbench.train.runrecord import FINISHED_FILE
+from mlbench.train.lifecycle import signals
+from mlbench.train.lifecycle.lease import Lease
+from mlbench.train.lifecycle.runrecord import FINISHED_FILE
 
 RUNNING, KEPT, FILED = "running", "kept", "filed"
 
