@@ -10,7 +10,7 @@ big_vision do):
 
 `from_package` points the `Workload`'s callables there, each imported on first use
 (`mlbench.workload.lazy`), and the package names only what differs: members that live in
-another module (`elsewhere={"prepare": "digits"}`), optional members it has where the
+another module (`elsewhere={"prepare": "scenes"}`), optional members it has where the
 convention puts them (`also=("layer_stack",)`), conventional members it lacks
 (`without=("decode",)`) and the plain fields (`spatial_inputs`, `start`, ...). Every name is
 checked against the lists below, so a typo fails with the valid ones. This is a helper a
@@ -73,7 +73,7 @@ def from_package(package: str, *, benchmark: str, quality_metric: str,
     package: the dotted name of the workload package (its `__name__`).
     benchmark, quality_metric: see `Workload`.
     elsewhere: member -> the module that defines it, where that is not the convention's:
-      a module of the package ("digits"), or any module by its dotted name
+      a module of the package ("scenes"), or any module by its dotted name
       ("workloads.common.classify").
     also: optional members (`OPTIONAL`) the package defines where the convention puts them.
     without: conventional members the package does not define (`decode` for data that is

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from mlbench.train.layers import BatchNorm, batch_norm
-from workloads.resnet50.config import Stem
+from workloads.common.conv import Stem
 
 
 def conv_and_norm(cfg: Any, *, train: bool, groups: int, kernel_init: Callable[..., Any],
