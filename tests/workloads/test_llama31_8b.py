@@ -1,6 +1,6 @@
 """Llama 3.1 specifics: the full model's size, rotary embeddings and grouped-query attention
 against NumPy transcriptions of their formulas, gradient accumulation and the schedule (the
-Megatron indexed-dataset reader: test_llama31_8b_indexed.py)."""
+Megatron indexed-dataset reader and samples: test_llama31_8b_indexed.py)."""
 
 from __future__ import annotations
 
