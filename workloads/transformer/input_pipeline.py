@@ -126,7 +126,7 @@ def prepare(cfg: TransformerConfig, data_dir: Path) -> None:
   if cfg.data.source is Source.CLDR:
     from workloads.transformer import cldr
 
-    cldr.prepare(cfg, paths.path(data_dir))
+    cldr.prepare(cfg, dataset_dir(cfg, paths.path(data_dir)))
     return
   folder = paths.path(data_dir)
   have = [(folder / n).is_file() for n in (newstest.SOURCE, newstest.REFERENCE)]
