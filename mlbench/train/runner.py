@@ -31,6 +31,7 @@ from mlbench.train.lifecycle.lease import Lease
 from mlbench.train.lifecycle.runrecord import FINISHED_FILE, RUN_FILE, find_run, new_record
 from mlbench.train.plan import Plan, check_inputs, make_plan
 from mlbench.train.progress import RunProgress
+from mlbench.train.result import RunResult
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +39,7 @@ class Outcome:
   """A finished run and, on process 0, the checker's verdict on its log."""
 
   index: int
-  result: loop.RunResult
+  result: RunResult
   check: compliance.CheckResult | None
 
 

@@ -14,7 +14,7 @@ from mlbench.errors import StorageFailed
 from mlbench.train import steps
 from mlbench.train.lifecycle import checkpoint
 from mlbench.train.clock import Clock
-from mlbench.train.loop import RunResult
+from mlbench.train.result import RunResult
 
 
 def test_a_result_upload_answered_503_is_retried_and_403_is_one_line(bucket, gcs_faults,

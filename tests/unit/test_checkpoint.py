@@ -13,7 +13,7 @@ from mlbench.train import mesh as mesh_lib, sharding, steps
 from mlbench.train.lifecycle import checkpoint, restore
 from mlbench.train.clock import Clock
 from mlbench.train.goodput import measure
-from mlbench.train.loop import RunResult
+from mlbench.train.result import RunResult
 
 
 def _shardings(workload, cfg, tx, devices):
@@ -73,8 +73,7 @@ def test_goodput_splits_the_wall_time_by_the_runs_own_events():
   clock.marks["run_stop"] = 100.0
   clock.add("train", 60.0), clock.add("eval", 8.0), clock.add("checkpoint", 1.0)
   clock.add("lost", 12.0), clock.add("init", 5.0)
-  result = RunResult(seed=0, input_wait_s=3.0)
-  g = measure(clock, result)
+  g = measure(clock, input_wait_s=3.0)
   assert (g.total_s, g.init_s, g.productive_s, g.restarts_s) == (100.0, 15.0, 56.0, 12.0)
   assert g.other_s == pytest.approx(100 - 15 - 8 - 1 - 3 - 12 - 56)
   assert g.goodput == pytest.approx(0.56)

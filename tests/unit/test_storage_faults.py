@@ -20,7 +20,7 @@ from mlbench.mllog import MLLog
 from mlbench.train import steps
 from mlbench.train.lifecycle import checkpoint, failed_saves, space
 from mlbench.train.clock import Clock
-from mlbench.train.loop import RunResult
+from mlbench.train.result import RunResult
 
 
 def _lines(path) -> list[dict]:

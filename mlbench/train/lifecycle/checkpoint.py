@@ -34,7 +34,7 @@ import pathlib
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
@@ -42,6 +42,13 @@ from mlbench.storage import paths
 from mlbench.errors import UserError
 from mlbench.train.lifecycle import failed_saves, restore as restore_lib, signals
 from mlbench.train.lifecycle.restore import abstract_state, continue_clock, manager, restore
+
+if TYPE_CHECKING:
+  from mlbench.mllog import MLLog
+  from mlbench.train.clock import Clock
+  from mlbench.train.result import RunResult
+  from mlbench.train.plan import Plan
+  from mlbench.train.steps import Programs
 
 SAVE_RATE = 100e6  # bytes/s a first save is assumed to write, until one is measured
 
@@ -71,7 +78,7 @@ class Checkpoints:
     log_path: the run's log on process 0, a local file (None elsewhere).
   """
 
-  def __init__(self, directory: paths.Path, every: int, clock: Any, result: Any,
+  def __init__(self, directory: paths.Path, every: int, clock: Clock, result: RunResult,
                log_path: pathlib.Path | None, say: Callable[[str], None] | None = None):
     self.directory = paths.path(directory)
     self._every = every
@@ -218,11 +225,12 @@ class RunSaver:
     for line in restore_lib.report(self.directory, damaged, step) if self._leader else []:
       self._say(line)
 
-  def continue_clock(self, clock: Any, result: Any) -> None:
+  def continue_clock(self, clock: Clock, result: RunResult) -> None:
     self._result = result
     continue_clock(clock, result, self.meta)
 
-  def restore(self, plan: Any, programs: Any, clock: Any, log: Any) -> tuple[Any, int, Any]:
+  def restore(self, plan: Plan, programs: Programs, clock: Clock,
+              log: MLLog) -> tuple[Any, int, Any]:
     """(state, step, sums) of the newest usable checkpoint, on this run's mesh; logs the
     resume."""
     from mlbench.train import steps
@@ -246,8 +254,8 @@ class RunSaver:
         "lost_s": round(clock.marks["resume_start"] - got.meta["taken"], 3)}, time_ms=t)
     return state, got.step, sums
 
-  def _restorable(self, abstract: Any, sums_sharding: Any, clock: Any,
-                  log: Any) -> restore_lib.Restored:
+  def _restorable(self, abstract: Any, sums_sharding: Any, clock: Clock,
+                  log: MLLog) -> restore_lib.Restored:
     """The checkpoint chosen at the start, or (its arrays damaged) the newest older one
     that reads back whole, with the log and clock put back to that one."""
     step, damaged = self.step, []
@@ -270,7 +278,7 @@ class RunSaver:
       self._rewind(got.meta, clock, log)
     return got
 
-  def _rewind(self, meta: dict[str, Any], clock: Any, log: Any) -> None:
+  def _rewind(self, meta: dict[str, Any], clock: Clock, log: MLLog) -> None:
     """The run continues from an older checkpoint than the one its log and clock were
     continued from: cut the log back to that checkpoint's (a prefix of it), and redo
     the clock."""
@@ -286,7 +294,7 @@ class RunSaver:
       os.truncate(log.path, len(prefix))
     self.meta = meta
 
-  def start(self, clock: Any, result: Any, log: Any) -> None:
+  def start(self, clock: Clock, result: RunResult, log: MLLog) -> None:
     """Begins saving (after the state exists and the clock runs)."""
     self._ckpts = Checkpoints(self.directory, self.every, clock, result, log.path, say=self._say)
 

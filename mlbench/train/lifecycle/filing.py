@@ -19,7 +19,7 @@ import json
 import os
 import signal
 import threading
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -30,6 +30,9 @@ from mlbench.storage.pending import PendingRun
 from mlbench.train.lifecycle import signals
 from mlbench.train.lifecycle.lease import Lease
 from mlbench.train.lifecycle.runrecord import FINISHED_FILE
+
+if TYPE_CHECKING:
+  from mlbench.train.lifecycle.checkpoint import RunSaver
 
 RUNNING, KEPT, FILED = "running", "kept", "filed"
 
@@ -45,7 +48,7 @@ class RunEnd:
   """
 
   def __init__(self, name: str, log: MLLog, pending: PendingRun | None, folder: paths.Path,
-               saver: Any, lease: Lease | None, console: Console):
+               saver: RunSaver | None, lease: Lease | None, console: Console):
     self.log, self._name, self._pending, self._folder = log, name, pending, folder
     self._saver, self._lease, self._console = saver, lease, console
     self._lock = threading.Lock()

@@ -15,13 +15,17 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 
 from mlbench.storage import paths
 from mlbench.errors import UserError
+
+if TYPE_CHECKING:
+  from mlbench.train.clock import Clock
+  from mlbench.train.result import RunResult
 
 
 @dataclasses.dataclass
@@ -147,7 +151,7 @@ def read_meta(directory: paths.PathLike, step: int | None = None) -> dict[str, A
   return dict(got.meta)
 
 
-def continue_clock(clock: Any, result: Any, meta: dict[str, Any],
+def continue_clock(clock: Clock, result: RunResult, meta: dict[str, Any],
                    now: float | None = None) -> None:
   """Puts the clock and results back as they were at the checkpoint.
 
