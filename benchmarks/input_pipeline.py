@@ -73,12 +73,12 @@ def main() -> None:
   ap.add_argument("--rounds", type=int, default=4)
   args = ap.parse_args()
 
-  from mlbench import config as config_lib
+  from mlbench.storage import paths
   from mlbench.train import data
   from mlbench.workload import Split
   from workloads.resnet50 import config, input_pipeline
 
-  files = _records(config_lib.default_cache_dir() / "bench" / "imagenet-like")
+  files = _records(paths.default_cache_dir() / "bench" / "imagenet-like")
   decode = input_pipeline.decode(config.full(), Split.TRAIN)
   tuned = data.train_dataset(files, decode, per_host_batch=BATCH, seed=0, host=0, hosts=1,
                              opts=data.PipelineOptions(deterministic=False))

@@ -38,6 +38,7 @@ from importlib import metadata
 from pathlib import Path
 
 from mlbench import rules as rules_lib
+from mlbench.storage import paths
 from mlbench.errors import UserError
 
 _ENQUEUE = "enqueue_config('"
@@ -234,15 +235,9 @@ def checker_args(path: Path, benchmark: str | None, ruleset: str,
   """(log, usage, ruleset, config) for the checker; mini logs get the derived config."""
   rule = rules_lib.find(benchmark, ruleset)
   if rule is not None and not rule.official:
-    config = checker_config(rule, _cache_dir())
+    config = checker_config(rule, paths.default_cache_dir())
     return (str(path), rule.checker_usage, rule.checker_ruleset, str(config))
   return (str(path), usage, ruleset, None)
-
-
-def _cache_dir() -> Path:
-  from mlbench.config import default_cache_dir
-
-  return default_cache_dir()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,10 +19,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mlbench import paths, pending
+from mlbench.storage import paths
 from mlbench.errors import UserError, choices
 from mlbench.fields import ConfigError, DType
 from mlbench.workload import Workload
+
+STALE_AFTER_S = 1800.0
+"""`--stale-after`: 30 min without a heartbeat (`storage.pending.HEARTBEAT_S`, 30 s) and another
+host's pending log counts as abandoned; above any checkpoint interval too."""
 
 
 class Division(enum.Enum):
@@ -95,25 +99,16 @@ def configured(workload: Workload, name_or_path: str | None,
   return name, override(cfg, ours), harness
 
 
-def default_cache_dir() -> Path:
-  """Where generated datasets and derived checker rules live by default."""
-  env = os.environ.get("MLBENCH_CACHE_DIR")
-  if env:
-    return Path(env)
-  base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-  return Path(base) / "mlbench"
-
-
 def compile_cache_dir(value: str | os.PathLike | None = None) -> paths.Path | None:
   """The folder of JAX's persistent compilation cache for a `--compile-cache` value.
 
   None or "": the default, JAX_COMPILATION_CACHE_DIR if set (JAX's own setting),
-  else `<default_cache_dir()>/jax`; "off": no cache; anything else: that folder
+  else `<paths.default_cache_dir()>/jax`; "off": no cache; anything else: that folder
   (or bucket: `gs://...`, which every host of a pod can share).
   """
   if value is None or str(value) == "":
     jax_dir = os.environ.get("JAX_COMPILATION_CACHE_DIR")
-    value = jax_dir or default_cache_dir() / "jax"
+    value = jax_dir or paths.default_cache_dir() / "jax"
   elif str(value).lower() == "off":
     return None
   if paths.is_remote(value):
@@ -172,7 +167,7 @@ class RunConfig:
   config: str | None = None
   overrides: tuple[str, ...] = ()
   data_dir: paths.Path = dataclasses.field(
-      default_factory=lambda: paths.path(default_cache_dir() / "data"))
+      default_factory=lambda: paths.path(paths.default_cache_dir() / "data"))
   results_dir: paths.Path = paths.path("results")
   system: str | None = None
   seed: int | None = None
@@ -194,7 +189,7 @@ class RunConfig:
   resume: paths.Path | None = None
   precision: str | None = None
   compile_cache: paths.Path | None = dataclasses.field(default_factory=compile_cache_dir)
-  stale_after: float = pending.STALE_AFTER_S
+  stale_after: float = STALE_AFTER_S
   profile: tuple[int, int] | None = None
 
   def __post_init__(self):

@@ -9,8 +9,8 @@ big_vision do):
     input_pipeline.py  files, decode, synthetic_batch
 
 `from_package` points the `Workload`'s callables there, each imported on first use
-(`mlbench.workload.lazy`), and the package names only what differs: members that live in
-another module (`elsewhere={"prepare": "digits"}`), optional members it has where the
+(`lazy`), and the package names only what differs: members that live in
+another module (`elsewhere={"prepare": "scenes"}`), optional members it has where the
 convention puts them (`also=("layer_stack",)`), conventional members it lacks
 (`without=("decode",)`) and the plain fields (`spatial_inputs`, `start`, ...). Every name is
 checked against the lists below, so a typo fails with the valid ones. This is a helper a
@@ -21,12 +21,13 @@ entry points.
 
 from __future__ import annotations
 
+import functools
 import importlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from mlbench.errors import choices
-from mlbench.workload import EvalSpec, InputSpec, Workload, lazy
+from mlbench.workload import EvalSpec, InputSpec, Workload
 
 TRAIN, INPUT, CONFIG = "train", "input_pipeline", "config"
 
@@ -38,14 +39,33 @@ CONVENTIONAL = {
 """Members every package is expected to define, and the module that holds each."""
 
 OPTIONAL = {"layer_stack": TRAIN, "host": TRAIN, "prepare": INPUT, "bind": INPUT,
-            "keep": INPUT, "examples": INPUT}
+            "keep": INPUT, "examples": INPUT, "verify": INPUT}
 """Members a package may define (see `Workload`, `InputSpec`, `EvalSpec`), and where."""
 
 CONFIGS = ("mini", "full")
 """The functions of `config.py` that build the configs of those names."""
 
-_INPUT_FIELDS = ("files", "decode", "prepare", "bind", "examples", "keep")
+_INPUT_FIELDS = ("files", "decode", "prepare", "bind", "examples", "keep", "verify")
 _EVAL_FIELDS = {"eval_step": "step", "compute": "compute", "host": "host"}
+
+
+def lazy(target: str) -> Callable[..., Any]:
+  """A callable that imports `"package.module:function"` on first call (`.resolve()` does
+  it now; `.target` names it). A workload's `__init__` imports no JAX, Flax or TensorFlow:
+  `mlbench list` stays fast."""
+  module, _, attr = target.partition(":")
+
+  @functools.cache
+  def resolve() -> Callable[..., Any]:
+    return getattr(importlib.import_module(module), attr)
+
+  def call(*args: Any, **kwargs: Any) -> Any:
+    return resolve()(*args, **kwargs)
+
+  call.__name__ = call.__qualname__ = attr
+  call.__doc__ = f"Calls {target} (imported on first use)."
+  call.target, call.resolve = target, resolve
+  return call
 
 
 def _places(elsewhere: Mapping[str, str], also: Iterable[str],
@@ -73,7 +93,7 @@ def from_package(package: str, *, benchmark: str, quality_metric: str,
     package: the dotted name of the workload package (its `__name__`).
     benchmark, quality_metric: see `Workload`.
     elsewhere: member -> the module that defines it, where that is not the convention's:
-      a module of the package ("digits"), or any module by its dotted name
+      a module of the package ("scenes"), or any module by its dotted name
       ("workloads.common.classify").
     also: optional members (`OPTIONAL`) the package defines where the convention puts them.
     without: conventional members the package does not define (`decode` for data that is

@@ -8,7 +8,7 @@ reason. Only process 0 writes; on other processes `MLLog(None)` does nothing.
 
 A line that cannot be written (a full disk, a mount gone read-only) stops the run: the
 log is cut back to its last whole line, nothing more is written to it, and the write's
-fault is raised as `StorageFailed` (`mlbench.faults`), never printed by `logging`.
+fault is raised as `StorageFailed` (`mlbench.storage.faults`), never printed by `logging`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from mlbench import faults
+from mlbench.storage import faults
 
 # mllog records the caller's file and line in every line's metadata (the seed
 # checker keys on them). The call chain is: caller -> MLLog method -> _emit ->

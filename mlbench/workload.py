@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -189,6 +187,10 @@ dict of tensors of fixed shape (one example, no batch axis).
 """
 
 
+DataCheck = tuple[str, str, str, bool | None]
+"""A row of `mlbench data verify`: (check, expected, found, ok); ok None is a note."""
+
+
 class Examples(Protocol):
   """Random-access examples: `len(x)` and `x[i] -> {feature: array}` (one example, no
   batch axis), like a PyTorch map-style dataset. For data in formats of its own whose
@@ -233,6 +235,9 @@ class InputSpec:
       part of the dataset (read past before shuffling and sharding, so the
       logged `train_samples`/`eval_samples` count only kept ones). SSD: the
       reference drops COCO images without annotations. None: keep every record.
+    verify: `verify(cfg, folder, full) -> [DataCheck]`: what `mlbench data verify` checks
+      of this format in a prepared folder beyond every dataset's files, sizes and schema
+      (`full`: also the checks that read everything). None: nothing more.
   """
 
   files: Callable[[Config, Path, Split], Sequence[str]]
@@ -241,6 +246,7 @@ class InputSpec:
   bind: Callable[[Config, Path], Config] | None = None
   examples: Callable[[Config, Path, Split, int], Examples] | None = None
   keep: Callable[[Config, Split], Callable[[Any], Any]] | None = None
+  verify: Callable[[Config, Path, bool], Sequence[DataCheck]] | None = None
 
   def __post_init__(self) -> None:
     if (self.decode is None) == (self.examples is None):
@@ -330,21 +336,3 @@ class Workload:
   rulesets: tuple[str, ...] = ()
   start: StartPoint | None = None
 
-
-def lazy(target: str) -> Callable[..., Any]:
-  """A callable that imports `"package.module:function"` on first call (`.resolve()` does
-  it now; `.target` names it). A workload's `__init__` imports no JAX, Flax or TensorFlow:
-  `mlbench list` stays fast."""
-  module, _, attr = target.partition(":")
-
-  @functools.cache
-  def resolve() -> Callable[..., Any]:
-    return getattr(importlib.import_module(module), attr)
-
-  def call(*args: Any, **kwargs: Any) -> Any:
-    return resolve()(*args, **kwargs)
-
-  call.__name__ = call.__qualname__ = attr
-  call.__doc__ = f"Calls {target} (imported on first use)."
-  call.target, call.resolve = target, resolve
-  return call

@@ -1,12 +1,14 @@
 """The package layout is the architecture: imports flow one way between the wings.
 
-    cli -> {train, pod, verify, datasets} -> base (the top-level modules)
+    cli -> {train, pod, verify, datasets} -> base (the top-level modules and storage/)
 
 `pod` may use `train` (it compiles the same steps a run compiles); `verify`
 never imports `train` or JAX (validating a log needs no accelerator stack); the
-base imports no wing; workloads use only the base and the run side's helpers
-for plugins. Every import is found with `ast`, including those inside function
-bodies (the CLI imports heavy modules lazily).
+base imports no wing. A workload imports only itself, `workloads/common/` and the
+plugin API; the package never imports a workload (it reaches one through the registry).
+No file imports itself back through others, and no part of the tree imports one that
+imports it: the parts stand in layers, every import pointing down. Every import is found
+with `ast`, including those inside function bodies (the CLI imports heavy modules lazily).
 """
 
 from __future__ import annotations
@@ -18,16 +20,25 @@ import pytest
 
 ROOT = Path(__file__).parents[1]
 WINGS = ("cli", "train", "pod", "verify", "datasets")
+BASE_PACKAGES = ("storage",)
+"""Folders of the base: what both wings share, kept together (the path layer and writes)."""
+TOP_MODULES = {"workload", "convention", "config", "fields", "rules", "registry", "mllog",
+               "compliance", "errors", "accelerators", "system"}
+"""The base's top-level modules: at most 12, so a newcomer finds their room from `ls`."""
 # What each part of the package may import from mlbench (besides the base).
 ALLOWED = {"base": set(), "cli": {"cli", "train", "pod", "verify", "datasets"},
            "train": {"train"}, "pod": {"pod", "train"}, "verify": {"verify"},
            "datasets": {"datasets"}}
-# The helpers a workload plugin may build on: the run side's (everything else in
-# mlbench.train, the loop, the clock, steps, ..., belongs to the harness) and the one
-# TFRecord writer, which writes the mini datasets as `mlbench data` writes the full ones.
+# The plugin API: the contract, the helpers of its configs and errors, the path layer (a
+# data_dir may be a bucket), and the helpers of the run side (everything else in
+# mlbench.train, the loop, the clock, steps, ..., belongs to the harness) and of the data
+# side (the TFRecord and Megatron formats, which write the mini datasets as `mlbench data`
+# writes the full ones).
+PLUGIN_API = {"mlbench.workload", "mlbench.convention", "mlbench.fields", "mlbench.errors",
+              "mlbench.storage.paths"}
 PLUGIN_HELPERS = {"mlbench.train.data", "mlbench.train.optim", "mlbench.train.layers",
                   "mlbench.train.attention",
-                  "mlbench.datasets.records"}
+                  "mlbench.datasets.records", "mlbench.datasets.indexed"}
 HEAVY = ("jax", "jaxlib", "flax", "optax", "tensorflow")
 
 
@@ -59,13 +70,67 @@ def _package_files() -> list[Path]:
   return sorted((ROOT / "mlbench").rglob("*.py"))
 
 
+def _tree_files() -> list[Path]:
+  """The package's files and the workloads'."""
+  return _package_files() + sorted((ROOT / "workloads").rglob("*.py"))
+
+
+def _module_file(module: str) -> Path | None:
+  """The file of a dotted module of this tree; None for another package's."""
+  base = ROOT.joinpath(*module.split("."))
+  return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
+
+
+def _targets(path: Path) -> set[Path]:
+  """The files of this tree that a file imports: the module itself for `from a import b`
+  where a.b is one, else the module the names come from."""
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    if isinstance(node, ast.Import):
+      modules = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      modules = [f"{node.module}.{a.name}" if _module_file(f"{node.module}.{a.name}")
+                 else node.module for a in node.names]
+    else:
+      continue
+    found |= {f for f in map(_module_file, modules) if f is not None}
+  return found - {path}
+
+
+def _room(path: Path) -> str:
+  """The part of the tree a file is in: a folder of mlbench/ (a wing, storage/), a module at
+  its top, or a workload package (workloads/common/ among them)."""
+  rel = path.relative_to(ROOT).parts
+  return "/".join(rel[:2]) + ("/" if len(rel) > 2 else "")
+
+
+def _cycle(graph: dict) -> list | None:
+  """One cycle of a directed graph {node: {node, ...}}, as [a, b, ..., a]; None if none."""
+  done, path = set(), []
+
+  def visit(node):
+    if node in path:
+      return path[path.index(node):] + [node]
+    if node in done:
+      return None
+    path.append(node)
+    for nxt in sorted(graph.get(node, ()), key=str):
+      found = visit(nxt)
+      if found:
+        return found
+    path.pop()
+    done.add(node)
+    return None
+
+  return next((c for n in sorted(graph, key=str) if (c := visit(n))), None)
+
+
 def test_the_tree_shows_the_wings():
   assert {p.name for p in (ROOT / "mlbench").iterdir() if p.is_dir() and p.name != "__pycache__"
-          } >= set(WINGS)
+          } == set(WINGS) | set(BASE_PACKAGES), "a new folder: a wing, or a package of the base"
   top = {p.stem for p in (ROOT / "mlbench").glob("*.py")} - {"__init__"}
-  assert top <= {"workload", "convention", "config", "fields", "rules", "registry", "results",
-                 "mllog", "compliance", "errors", "paths", "storage", "pending", "accelerators",
-                 "faults"}, "a new top-level module: put it in its wing, or add it to the base"
+  assert top <= TOP_MODULES, "a new top-level module: put it in its wing, or add it to the base"
+  assert len(TOP_MODULES) <= 12
 
 
 @pytest.mark.parametrize("path", _package_files(), ids=lambda p: str(p.relative_to(ROOT)))
@@ -83,16 +148,53 @@ def test_verify_never_needs_the_accelerator_stack(path):
   assert not heavy
 
 
-def test_workloads_use_only_the_plugin_api():
+def _plugin_api(module: str) -> bool:
+  return any(module == m or module.startswith(m + ".") or m.startswith(module + ".")
+             for m in PLUGIN_API | PLUGIN_HELPERS)
+
+
+def test_a_workload_imports_only_itself_common_and_the_plugin_api():
   bad = []
   for path in sorted((ROOT / "workloads").rglob("*.py")):
+    rel = path.relative_to(ROOT).parts
+    own = {rel[1], "common"} if len(rel) > 2 else set()
     for line, mod in _imports(path):
-      wing = _wing_of(mod)
-      helper = any(mod == h or mod.startswith(h + ".") or h.startswith(mod)
-                   for h in PLUGIN_HELPERS)
-      if wing in ("cli", "pod", "verify") or (wing in ("train", "datasets") and not helper):
+      top, _, rest = mod.partition(".")
+      if (top == "mlbench" and not _plugin_api(mod)) or (
+          top == "workloads" and rest and rest.split(".")[0] not in own) or (
+          own == {"common"} and top == "workloads" and rest.split(".")[0] != "common"):
         bad.append(f"{path.relative_to(ROOT)}:{line}: {mod}")
-  assert not bad, bad
+  assert not bad, f"a workload imports itself, workloads.common and the plugin API only: {bad}"
+
+
+@pytest.mark.parametrize("path", _package_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_package_never_imports_a_workload(path):
+  """mlbench reaches a workload through the registry (entry points), `mlbench data` a
+  workload's format through the contract (`InputSpec.verify`): never by its module, in an
+  import or in a string handed to importlib."""
+  tree = ast.parse(path.read_text(), str(path))
+  docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+  named = [f"line {n.lineno}: {n.value}" for n in ast.walk(tree)
+           if isinstance(n, ast.Constant) and isinstance(n.value, str)
+           and id(n) not in docstrings and n.value.startswith("workloads.")]
+  imported = [f"line {line}: {mod}" for line, mod in _imports(path)
+              if mod.split(".")[0] == "workloads"]
+  assert not imported + named
+
+
+def test_no_file_imports_itself_back():
+  cycle = _cycle({f: _targets(f) for f in _tree_files()})
+  assert cycle is None, " -> ".join(str(p.relative_to(ROOT)) for p in cycle)
+
+
+def test_every_import_points_down():
+  """The parts of the tree (the wings, storage/, the top modules, each workload package)
+  stand in layers: no part imports one that imports it, straight or through others."""
+  rooms: dict[str, set[str]] = {}
+  for f in _tree_files():
+    rooms.setdefault(_room(f), set()).update(_room(t) for t in _targets(f))
+  cycle = _cycle({room: targets - {room} for room, targets in rooms.items()})
+  assert cycle is None, "an import points back up: " + " -> ".join(cycle)
 
 
 def test_workloads_compute_attention_through_the_entry_point():
@@ -111,3 +213,15 @@ def test_the_checker_finds_a_wrong_way_import(tmp_path):
   assert [m for _, m in _imports(sample)] == ["mlbench.train", "mlbench.train.loop",
                                               "mlbench.verify.compare"]
   assert {_wing_of(m) for _, m in _imports(sample)} == {"train", "verify"}
+
+
+def test_the_checker_finds_files_and_cycles():
+  """The tests of cycles would pass vacuously if `_targets` or `_cycle` found nothing."""
+  runner = ROOT / "mlbench" / "train" / "runner.py"
+  assert {ROOT / "mlbench/train/loop.py", ROOT / "mlbench/train/lifecycle/checkpoint.py",
+          ROOT / "mlbench/storage/paths.py"} <= _targets(runner)
+  assert _room(runner) == "mlbench/train/"
+  assert _room(ROOT / "mlbench/config.py") == "mlbench/config.py"
+  assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+  assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+  assert not _plugin_api("mlbench.train.loop") and _plugin_api("mlbench.workload.Split")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,6 +15,7 @@ from mlbench.config import RunConfig
 
 if TYPE_CHECKING:
   from mlbench.pod.predict import Convergence
+  from mlbench.storage import paths
   from mlbench.train.plan import Plan
 
 
@@ -45,7 +46,7 @@ def check_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...]
   pod time. With --topology: also XLA's estimated step time, the roofline terms, the
   predicted samples/s, MFU and time to train.
   """
-  from mlbench import paths
+  from mlbench.storage import paths
   from mlbench.pod import check, parallel
   from mlbench.train import compile_cache
 
@@ -100,7 +101,7 @@ def _topology_plan(rc: RunConfig, name: str):
   return make_plan(rc, runtime, machine=topology.machine(slice_, runtime.devices)), note
 
 
-def convergence(plan: Plan, from_log: Any) -> Convergence:
+def convergence(plan: Plan, from_log: paths.Path | None) -> Convergence:
   """Samples to converge for the time to train: from a real run's log, MLPerf's reference
   convergence points, else the config's budget; its source names any provisional config
   values (no source yet: `mlbench.fields.provisional`) the prediction rests on."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from mlbench import paths as path_lib, storage
+from mlbench.storage import paths as path_lib, writes
 from mlbench.cli import output
 from mlbench.errors import UserError
 
@@ -48,7 +48,7 @@ def compare_cmd(paths: tuple[str, ...], ruleset: str | None, csv_file: Path | No
   console = output.console()
   with contextlib.ExitStack() as stack:
     # The official tools read local files: a bucket's logs are read into a local copy.
-    local = {stack.enter_context(storage.fetched(path_lib.path(p, "compare"), "compare")): p
+    local = {stack.enter_context(writes.fetched(path_lib.path(p, "compare"), "compare")): p
              for p in paths}
     output.note_pending(list(local), console)
     entries = [dataclasses.replace(e, source=local.get(e.source, e.source))

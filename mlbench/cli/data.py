@@ -45,7 +45,7 @@ def prepare_cmd(dataset: str, raw: str | None, out: str | None, workers: int, dr
   Shards are written atomically; run it again after an interrupt and only the
   unfinished shards are written.
   """
-  from mlbench import paths
+  from mlbench.storage import paths
   from mlbench.datasets import jobs, shards
   from mlbench.errors import UserError
 
@@ -69,7 +69,7 @@ def prepare_cmd(dataset: str, raw: str | None, out: str | None, workers: int, dr
 
 
 def _show_plan(console, job, out) -> None:
-  from mlbench import paths
+  from mlbench.storage import paths
   from mlbench.datasets import shards
 
   with paths.errors("--out", out):
@@ -110,7 +110,7 @@ def verify_cmd(dataset: str, folder: str, full: bool) -> int:
   """
   from rich.table import Table
 
-  from mlbench import paths
+  from mlbench.storage import paths
   from mlbench.datasets import check
 
   rows = check.verify(dataset, paths.path(folder, "data verify"), full=full)

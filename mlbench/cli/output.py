@@ -22,14 +22,15 @@ def note_pending(paths, console: Console) -> None:
   """
   from pathlib import Path
 
-  from mlbench import pending
+  from mlbench.storage import pending
+  from mlbench.config import STALE_AFTER_S
 
   folders = set()
   for path in map(Path, paths):
     if path.is_dir():
       folders |= {p.parent for p in path.rglob("pending_*.log")}
   for folder in sorted(folders):
-    found = pending.scan(folder)
+    found = pending.scan(folder, stale_after=STALE_AFTER_S)
     stale = [p for p in found if p.abandoned and p.log is not None]
     live = [p for p in found if not p.abandoned and p.log is not None]
     if stale:
@@ -42,7 +43,7 @@ def note_pending(paths, console: Console) -> None:
 
 
 def unfetched(value, local, original):
-  """`value` (a JSON-ready report) with the paths of a local copy (`storage.fetched`)
+  """`value` (a JSON-ready report) with the paths of a local copy (`storage.writes.fetched`)
   named as the bucket paths they were copied from."""
   local, original = str(local), str(original).rstrip("/")
   if local == original:

@@ -110,12 +110,12 @@ def plan_cmd(workload: str, config_name: str, overrides: tuple[str, ...], slices
 def _plot(result: Any, path: Path, title: str) -> None:
   import tempfile
 
-  from mlbench import storage
+  from mlbench.storage import writes
   from mlbench.pod import planplot
 
   with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
     made = planplot.plot(result, Path(tmp) / "plan.png", title)
-    if not storage.write_new(path, made.read_bytes()):
+    if not writes.write_new(path, made.read_bytes()):
       raise UserError(f"{path} appeared while planning; choose another name")
 
 

@@ -10,8 +10,7 @@ import click
 
 from mlbench.cli import output
 from mlbench.cli.scaling import scaling_config, scaling_options
-from mlbench.config import Division, RunConfig, default_cache_dir
-from mlbench.pending import STALE_AFTER_S
+from mlbench.config import STALE_AFTER_S, Division, RunConfig
 
 if TYPE_CHECKING:
   from mlbench.rules import Rule
@@ -90,7 +89,7 @@ def run_cmd(ctx: click.Context, workload: str, config_name: str | None,
   Prints one JSON line per run on stdout; progress and summaries on stderr.
   Exit code 0 when every run reached the target with a compliant log, else 1.
   """
-  from mlbench import paths
+  from mlbench.storage import paths
   from mlbench.train.telemetry import ProfileWindow
 
   window = ProfileWindow.parse(profile) if profile is not None else None
@@ -99,7 +98,7 @@ def run_cmd(ctx: click.Context, workload: str, config_name: str | None,
     paths.check_name("--system", system)
   paths.check_name("--submitter", submitter)
   data = paths.path(data_dir, "--data-dir") if data_dir else paths.path(
-      default_cache_dir() / "data")
+      paths.default_cache_dir() / "data")
   if init_checkpoint:  # the config key of the workload's starting point
     overrides = (*overrides, f"{_start_key(workload)}={init_checkpoint}")
   rc = RunConfig(workload=workload, config=config_name, overrides=tuple(overrides),
@@ -111,7 +110,7 @@ def run_cmd(ctx: click.Context, workload: str, config_name: str | None,
                  stale_after=stale_after, **scaling_config(scaling),
                  profile=None if window is None else (window.start, window.count))
   if resume is not None:  # Before JAX starts: a clashing --resume fails at once.
-    from mlbench.train import resume as resume_lib
+    from mlbench.train.lifecycle import resume as resume_lib
 
     given = {p.name for p in ctx.command.params if ctx.get_parameter_source(p.name) in (
         click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)}

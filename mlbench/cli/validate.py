@@ -39,12 +39,12 @@ def validate_cmd(path: str, ruleset: str | None, usage: str, as_json: bool, time
   systems/*.json, seed). Exit 0 when everything passes (under olympic scoring
   for packages), 1 when a rule fails, 2 for input that is not a log or package.
   """
-  from mlbench import paths, storage
+  from mlbench.storage import paths, writes
   from mlbench.verify import validate
 
   console = output.console()
   # The official tools read local files: a bucket's logs are read into a local copy.
-  with storage.fetched(paths.path(path, "validate"), "validate") as local:
+  with writes.fetched(paths.path(path, "validate"), "validate") as local:
     output.note_pending([local], console)
     with _progress(console) as progress:
       report = validate.validate(local, ruleset=ruleset, usage=usage, timeout_s=timeout_s,

@@ -126,7 +126,7 @@ def _encode(tok, batch: list[str], tail: list[int], counts: list[int]) -> Iterat
 
 def write_shard(task: Task, tmps: list[Path]) -> shards.Written:
   """Tokenises one file into `tmps` = [.bin, .idx] (the worker of `shards.run`)."""
-  from workloads.llama31_8b import indexed
+  from mlbench.datasets import indexed
 
   counts = [0]
   bin_tmp, idx_tmp = tmps

@@ -11,20 +11,19 @@ the 3,003 raw sentences of newstest2014 the reference scores BLEU on). The quick
 (files, sizes, the index of every Megatron dataset and one record's schema, the first
 record of every WMT training file) read almost nothing; `full` also counts every record
 and recomputes the checksums (the newstest2014 files' md5, as the reference's
-verify_dataset.sh).
+verify_dataset.sh). The checks of a workload's own format (the WMT records' form and
+newstest2014, the Megatron index) are the reading workload's, asked through the plugin
+contract (`InputSpec.verify`): nothing here imports a workload.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import fnmatch
-import hashlib
 import re
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.datasets import receipts, shards
 from mlbench.errors import UserError
 
@@ -68,6 +67,9 @@ TFRECORDS = {
             SplitSpec("dev", ("*dev*-of-*",), None, None, {"inputs": INT, "targets": INT})),
 }
 DATASETS = tuple(TFRECORDS) + ("c4",)
+READERS = {"imagenet": "resnet50", "coco": "ssd", "bert": "bert", "wmt": "transformer",
+           "c4": "llama31_8b"}
+"""The workload that reads each dataset, whose own checks (`InputSpec.verify`) it also gets."""
 
 
 def verify(dataset: str, folder: paths.PathLike, *, full: bool) -> list[Row]:
@@ -85,12 +87,12 @@ def _verify(dataset: str, folder: paths.Path, full: bool) -> list[Row]:
                     "same `mlbench data prepare` again to rewrite it (finished shards are kept)")
   rows = _manifest_rows(manifest)
   if dataset == "c4":
-    return rows + _c4_rows(folder, manifest, full)
+    return rows + _reader_rows(dataset, folder, full) + _c4_rows(folder, manifest, full)
   if dataset not in TFRECORDS:
     raise UserError(f"unknown dataset {dataset!r}; choose from {', '.join(DATASETS)}")
   for spec in TFRECORDS[dataset]:
     rows += _split_rows(folder, spec, manifest, full)
-  return rows + (_wmt_rows(folder, full) if dataset == "wmt" else [])
+  return rows + _reader_rows(dataset, folder, full)
 
 
 def _manifest_rows(manifest: dict | None) -> list[Row]:
@@ -213,81 +215,23 @@ def _schema_row(spec: SplitSpec, path: paths.Path) -> Row:
              "wrong: " + ", ".join(wrong), not wrong)
 
 
-def _wmt_rows(folder: paths.Path, full: bool) -> list[Row]:
-  """Which form the training records are (packed or one pair each, never both: the
-  epoch is their count), and the raw newstest2014 the reference scores BLEU on."""
-  from workloads.transformer import config, input_pipeline, newstest
-
-  forms = collections.Counter(_form(input_pipeline.record_format, p)
-                              for p in _files(folder, ("*train*-of-*",)))
-  forms.pop(None, None)  # empty files
-  forms.pop("unreadable", None)  # the schema row names the file
-  rows = [Row("train form", "packed or unpacked, not both", ", ".join(
-      f"{k} ({v} files)" for k, v in sorted(forms.items())) or "no records",
-      (len(forms) == 1 and "partial" not in forms) if forms else None)]
-  n = config.full().data.eval_examples
-  for name, read in ((newstest.SOURCE, newstest.source_lines),
-                     (newstest.REFERENCE, newstest.reference_lines)):
-    path = folder / name
-    lines = len(read(path)) if path.is_file() else None
-    rows.append(Row(name, f"{n:,} sentences", "missing" if lines is None else f"{lines:,}",
-                    lines == n))
-    if full and lines is not None:
-      digest = hashlib.md5(path.read_bytes()).hexdigest()
-      rows.append(Row(f"{name} md5", newstest.MD5[name], digest, digest == newstest.MD5[name]))
-  return rows
-
-
-def _form(record_format, path: paths.Path) -> str | None:
-  from google.protobuf.message import DecodeError
-
-  from mlbench.datasets import records
-
-  try:
-    return record_format(str(path))
-  except (records.tf().errors.OpError, DecodeError):
-    return "unreadable"
-
-
 def _c4_rows(folder: paths.Path, manifest: dict | None, full: bool) -> list[Row]:
-  from workloads.llama31_8b import config
-
-  data = config.full().data
-  prefixes = sorted({p.name[:-len(".idx")] for p in folder.glob("*_text_document.idx")}
-                    | {data.train_prefix, data.eval_prefix})
-  rows = []
-  for prefix in prefixes:
-    rows.append(_megatron_row(folder / prefix, required=prefix in (data.train_prefix,
-                                                                   data.eval_prefix)))
-  if manifest:
-    listed = manifest["files"]
-    rows.append(_sizes_row("c4", folder, listed))
-    if full:
-      rows.append(_checksum_row("c4", folder, listed))
-  return rows
+  if not manifest:
+    return []
+  rows = [_sizes_row("c4", folder, manifest["files"])]
+  return rows + ([_checksum_row("c4", folder, manifest["files"])] if full else [])
 
 
-def _megatron_row(prefix: paths.Path, *, required: bool) -> Row:
-  """The index parses and the .bin holds exactly the tokens it lists."""
-  from workloads.llama31_8b import indexed
+def _reader_rows(dataset: str, folder: paths.Path, full: bool) -> list[Row]:
+  """The checks of its own format that the workload reading `dataset` adds
+  (`InputSpec.verify`, for its full config): the WMT records' packing and newstest2014,
+  the Megatron datasets llama31_8b reads."""
+  from mlbench import registry
 
-  name = prefix.name
-  need = "read by llama31_8b" if required else "extra"
-  bin_, idx = prefix.parent / f"{name}.bin", prefix.parent / f"{name}.idx"
-  if not idx.is_file() or not bin_.is_file():
-    return Row(name, need, "missing .bin or .idx", False if required else None)
-  if paths.is_remote(prefix):  # The index is read through a memory map: local files only.
-    return Row(name, need, "present (in a bucket: sizes checked against the manifest only)",
-               None)
-  try:
-    ds = indexed.IndexedDataset(prefix)
-  except (indexed.FormatError, ValueError) as e:
-    return Row(name, need, str(e), False)
-  tokens = int(ds.sequence_lengths.sum())
-  size = Path(str(prefix) + ".bin").stat().st_size
-  ok = size == tokens * ds.dtype.itemsize
-  return Row(name, need, f"{len(ds):,} documents, {tokens:,} {ds.dtype} tokens" if ok else
-             f".bin holds {size:,} bytes, the index lists {tokens * ds.dtype.itemsize:,}", ok)
+  workload = registry.get(READERS[dataset])
+  if workload.input.verify is None:
+    return []
+  return [Row(*row) for row in workload.input.verify(workload.configs["full"](), folder, full)]
 
 
 def require_complete(folder: paths.PathLike) -> None:

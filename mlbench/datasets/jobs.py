@@ -71,7 +71,7 @@ def job(dataset: str, raw: Path, out: Path, options: dict[str, Any]) -> Job:
       raise UserError("c4 needs --tokenizer PATH (the model's Hugging Face tokenizer.json)")
     planned = c4.plan(raw, out, options["tokenizer"], options.get("eod"))
     return Job(planned, c4.write_shard, "tokens", "tokenising C4",
-               ("tokenizers", "workloads.llama31_8b.indexed"),
+               ("tokenizers", "mlbench.datasets.indexed"),
                {**_tools("tokenizers"), **c4.shaping(planned)})
   if dataset == "imagenet":
     from mlbench.datasets import imagenet

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from mlbench import paths, storage
+from mlbench.storage import paths, writes
 from mlbench.errors import UserError
 
 MANIFEST = "mlbench-data.json"
@@ -106,7 +106,7 @@ def write_manifest(out: paths.PathLike, shards: Sequence[Any], options: dict[str
               "shards": {r["shard"]: {"records": r["records"], "files": sorted(r["files"])}
                          for r in receipts},
               "unreadable": [u for r in receipts for u in r["unreadable"]], "files": files}
-  storage.write_atomic(out / MANIFEST, json.dumps(manifest, indent=1))
+  writes.write_atomic(out / MANIFEST, json.dumps(manifest, indent=1))
   return manifest["records"]
 
 

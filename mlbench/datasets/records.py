@@ -156,7 +156,7 @@ def first(path: Any) -> bytes | None:
   length, its 4-byte CRC, the data, its CRC); the manifest's sizes, and with
   `--full` its sha256 and tf.data's count of every record, check the rest.
   """
-  from mlbench import paths
+  from mlbench.storage import paths
 
   if not paths.is_remote(path):
     got = next(iter(tf().data.TFRecordDataset(str(path)).take(1)), None)

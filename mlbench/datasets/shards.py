@@ -42,7 +42,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
-from mlbench import paths, pending, storage
+from mlbench.storage import paths, pending, writes
 from mlbench.datasets import receipts as receipts_lib
 from mlbench.datasets.receipts import MANIFEST, RECEIPTS, receipt_path
 from mlbench.errors import UserError
@@ -114,9 +114,9 @@ def _run_one(work: Callable[[Any, list[Path]], Written], out: str, shard: Shard,
     for tmp, name in zip(tmps, shard.outputs):
       files[name] = {"bytes": tmp.stat().st_size, "sha256": sha256(tmp)}
       if remote:
-        storage.put(tmp, out_dir / name)
+        writes.put(tmp, out_dir / name)
       else:
-        storage.replace_synced(tmp, out_dir / name)
+        writes.replace_synced(tmp, out_dir / name)
   finally:
     for tmp in tmps:
       tmp.unlink(missing_ok=True)
@@ -124,7 +124,7 @@ def _run_one(work: Callable[[Any, list[Path]], Written], out: str, shard: Shard,
       shutil.rmtree(staging, ignore_errors=True)
   receipt = {"shard": shard.name, "records": written.records, "units": written.units,
              "unreadable": written.unreadable, "files": files, "options": options}
-  storage.write_atomic(receipt_path(out_dir, shard), json.dumps(receipt, indent=1))
+  writes.write_atomic(receipt_path(out_dir, shard), json.dumps(receipt, indent=1))
   return receipt
 
 
@@ -180,18 +180,18 @@ def run(shards: Sequence[Shard], work: Callable[[Any, list[Path]], Written], out
 def _bucket_lock(out: paths.Path) -> Iterator[None]:
   """One job per output bucket folder: a lock object that only one job can create."""
   lock = out / RECEIPTS / "lock.json"
-  while not storage.write_new(lock, pending.Record.mine("data-prepare").to_json()):
+  while not writes.write_new(lock, pending.Record.mine("data-prepare").to_json()):
     held = pending.read_record(lock)
     gone, why = (True, "unreadable") if held is None else pending.judge(
         held.pid, held, stale_after=math.inf)
     if not gone:
       raise UserError(f"another `mlbench data prepare` ({why.split(':')[0]}) is writing into "
                       f"{out}; wait for it to finish or stop it (if it is gone, delete {lock})")
-    storage.remove(lock)
+    writes.remove(lock)
   try:
     yield
   finally:
-    storage.remove(lock)
+    writes.remove(lock)
 
 
 @contextlib.contextmanager

@@ -14,12 +14,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlbench import accelerators, fields
 from mlbench.errors import UserError
 from mlbench.pod import estimate, hlo, predict as predict_lib, quiet, timemodel
 from mlbench.pod.hlo import COLLECTIVES
+
+if TYPE_CHECKING:
+  from mlbench.config import RunConfig
+  from mlbench.train.plan import Plan
 
 __all__ = ["COLLECTIVES", "CheckReport", "DoesNotFit", "ProgramReport", "dry_run"]
 
@@ -168,7 +172,7 @@ _OOM = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds a
 _UNIT = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
-def _does_not_fit(plan: Any, where: str, error: Exception) -> DoesNotFit:
+def _does_not_fit(plan: Plan, where: str, error: Exception) -> DoesNotFit:
   """The one-line error for XLA's compile-time out-of-memory, with what to try."""
   data = int(plan.mesh.shape.get("data", 1))
   m = _OOM.search(str(error))
@@ -197,7 +201,7 @@ def remat_hint(cfg: Any) -> str:
   return f", remat (--set {fields.REMAT.key}=full)"
 
 
-def _compile(plan: Any, where: str) -> Any:
+def _compile(plan: Plan, where: str) -> Any:
   from mlbench.train import steps
 
   try:
@@ -209,7 +213,7 @@ def _compile(plan: Any, where: str) -> Any:
     raise
 
 
-def dry_run(plan: Any, *, topology: str | None = None,
+def dry_run(plan: Plan, *, topology: str | None = None,
             convergence: predict_lib.Convergence | None = None) -> CheckReport:
   """Compiles the plan's init, train and eval programs and reports on them; on a known
   accelerator, also against its HBM and with a predicted step time."""
@@ -259,7 +263,7 @@ def _dtypes(tree: Any) -> dict[str, int]:
   return out
 
 
-def _predict(plan: Any, acc: accelerators.Accelerator, reports: tuple[ProgramReport, ...],
+def _predict(plan: Plan, acc: accelerators.Accelerator, reports: tuple[ProgramReport, ...],
              grad_bytes: float, model_flops: float,
              convergence: predict_lib.Convergence | None) -> predict_lib.Prediction:
   """The time model on the compiled programs. Where XLA gives no FLOP count the analytic
@@ -295,7 +299,7 @@ def _cost_of(p: ProgramReport, devices: int, fallback_flops: float) -> timemodel
   return timemodel.StepCost(flops=flops / devices, hbm_bytes=float(p.bytes_accessed or 0.0))
 
 
-def fit_eval_batch(rc: Any, devices: int) -> tuple[Any, str | None]:
+def fit_eval_batch(rc: RunConfig, devices: int) -> tuple[RunConfig, str | None]:
   """The run config with an eval batch that splits over the data-parallel devices, and
   a line saying so; unchanged (None) where the config's does or the user set one.
 

@@ -14,9 +14,13 @@ counts it as it is: model FLOPs over the measured step, bubble included).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mlbench import accelerators
+
+if TYPE_CHECKING:
+  from mlbench.pod.check import CheckReport
+  from mlbench.train.plan import Plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +41,7 @@ class ParallelReport:
   peak_bytes: int = 0         # the train step's peak on one device
 
 
-def report(plan: Any, check: Any) -> ParallelReport | None:
+def report(plan: Plan, check: CheckReport) -> ParallelReport | None:
   """The report for a plan with a spatial or stage axis (None without either)."""
   from mlbench.train import mesh as mesh_lib, pipeline, steps
 

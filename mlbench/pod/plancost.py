@@ -30,7 +30,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from mlbench import paths, storage
+from mlbench.storage import paths, writes
 from mlbench.pod import plan as plan_lib, timemodel
 
 FORMAT = 1
@@ -103,7 +103,7 @@ class Compiler:
     self.log.append({"proxy": proxy, "per_device": per_device, "origin": "compiled",
                      "seconds": record["compile_s"]})
     if where is not None:
-      storage.write_atomic(_ensure(where), json.dumps(record, indent=1, sort_keys=True) + "\n")
+      writes.write_atomic(_ensure(where), json.dumps(record, indent=1, sort_keys=True) + "\n")
     return _costs(record, "compiled")
 
 

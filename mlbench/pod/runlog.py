@@ -29,7 +29,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.errors import UserError
 
 _NEW = ":::MLLOG"

@@ -17,9 +17,12 @@ import dataclasses
 import os
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlbench.errors import UserError
+
+if TYPE_CHECKING:
+  from mlbench import system
 
 # Chips -> chip grid, per interconnect shape (Cloud TPU documentation's slice shapes).
 _GRID_2D = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16),
@@ -137,12 +140,12 @@ def runtime(slice_: Slice) -> Any:
   return Runtime(process_index=0, process_count=1, devices=devs, local_devices=devs)
 
 
-def machine(slice_: Slice, devs: list[Any]) -> Any:
+def machine(slice_: Slice, devs: list[Any]) -> system.Machine:
   """A system description of the slice for the plan (no host is probed: there is none)."""
-  from mlbench import results
+  from mlbench import system
 
   acc = slice_.accelerator
-  return results.Machine(processor="", sockets=0, cores=0, vcpus=0, frequency="", caches="",
-                         memory_bytes=0, os="", accelerator=devs[0].device_kind,
-                         accelerators=len(devs), accelerator_memory_bytes=acc.device_hbm_bytes,
-                         nodes=1)
+  return system.Machine(processor="", sockets=0, cores=0, vcpus=0, frequency="", caches="",
+                        memory_bytes=0, os="", accelerator=devs[0].device_kind,
+                        accelerators=len(devs), accelerator_memory_bytes=acc.device_hbm_bytes,
+                        nodes=1)

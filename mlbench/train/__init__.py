@@ -6,5 +6,7 @@ init, train and eval programs (the only place that calls `jax.jit`); `optim`,
 `layers` and `data` are the helpers workloads build on (MLPerf optimizers,
 distributed batch norm, tf.data pipelines); `mesh`, `sharding` and `runtime`
 place the work on devices and hosts; `evaluate`, `clock` and `progress` measure
-it. Nothing here imports `mlbench.verify`.
+it; `lifecycle/` keeps the run's work and sees it through starts, stops and ends
+(checkpoints, resume, the run folder's lease, signals, filing the log). Nothing here
+imports `mlbench.verify`.
 """

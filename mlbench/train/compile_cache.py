@@ -28,7 +28,7 @@ import dataclasses
 import sys
 import threading
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.errors import UserError
 
 # JAX's own default, kept on purpose: what the cache is for are the programs that
@@ -110,13 +110,13 @@ def stats() -> Stats:
 
 def _unusable(path: paths.Path) -> str | None:
   """Why `path` cannot hold the cache (None: it can), within PROBE_TIMEOUT_S."""
-  from mlbench import storage
+  from mlbench.storage import writes
 
   outcome: list[str | None] = []
 
   def probe() -> None:
     try:
-      storage.check_writable(path, "--compile-cache", parents=True)
+      writes.check_writable(path, "--compile-cache", parents=True)
       outcome.append(None)
     except UserError as e:
       outcome.append(str(e))

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from mlbench import paths, storage
+from mlbench.storage import paths, writes
 from mlbench.errors import UserError
 
 MASK = "mask"
@@ -293,5 +293,5 @@ def _upload_dataset(folder: paths.Path, write: Callable[[Path], Mapping[str, Any
   with tempfile.TemporaryDirectory(prefix="mlbench-data-") as tmp:
     description = write(Path(tmp))
     for f in sorted(p for p in Path(tmp).rglob("*") if p.is_file()):
-      storage.put(f, folder.joinpath(*f.relative_to(tmp).parts))
-  storage.write_atomic(folder / MANIFEST, json.dumps(dict(description), indent=2))
+      writes.put(f, folder.joinpath(*f.relative_to(tmp).parts))
+  writes.write_atomic(folder / MANIFEST, json.dumps(dict(description), indent=2))

@@ -17,7 +17,10 @@ productive nor loses them.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+  from mlbench.train.clock import Clock
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,15 +54,16 @@ class Goodput:
             + ", ".join(f"{name} {100 * s / total:.1f}%" for name, s in parts))
 
 
-def measure(clock: Any, result: Any) -> Goodput:
-  """The goodput of a finished run from its clock marks and segments."""
+def measure(clock: Clock, input_wait_s: float) -> Goodput:
+  """The goodput of a finished run from its clock marks and segments, and the time its
+  steps waited for input."""
   seg = clock.segments
   total = clock.between("init_start", "run_stop")
   init = clock.between("init_start", "init_stop") + seg["init"]
   # The train segments are wall time of the train blocks: the loop's waits for
   # input and for checkpoint saves happen inside them.
-  productive = max(seg["train"] - result.input_wait_s - seg["checkpoint"], 0.0)
-  known = init + seg["eval"] + seg["checkpoint"] + result.input_wait_s + seg["lost"] + productive
+  productive = max(seg["train"] - input_wait_s - seg["checkpoint"], 0.0)
+  known = init + seg["eval"] + seg["checkpoint"] + input_wait_s + seg["lost"] + productive
   return Goodput(total_s=total, productive_s=productive, init_s=init, eval_s=seg["eval"],
-                 checkpoint_s=seg["checkpoint"], input_wait_s=result.input_wait_s,
+                 checkpoint_s=seg["checkpoint"], input_wait_s=input_wait_s,
                  restarts_s=seg["lost"], other_s=max(total - known, 0.0))

@@ -12,11 +12,9 @@ timestamp is read after the devices finish (`Clock`). Process 0 writes the log.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -24,69 +22,32 @@ import numpy as np
 
 from mlbench.train import data, evaluate, goodput, mesh as mesh_lib, mfu, pipeline
 from mlbench.train import runtime as runtime_lib
-from mlbench.train import signals, steps, telemetry
+from mlbench.train import steps, telemetry
+from mlbench.train.lifecycle import signals
 from mlbench.train.telemetry import Telemetry
 from mlbench.train.clock import Clock
-from mlbench.train.checkpoint import RunSaver
+from mlbench.train.lifecycle.checkpoint import RunSaver
 from mlbench.errors import UserError
 from mlbench.mllog import MLLog
 from mlbench.train.plan import Plan, Point
 from mlbench.train.progress import RunProgress
+from mlbench.train.result import RunResult
 from mlbench.workload import Split
-
-
-@dataclasses.dataclass
-class RunResult:
-  """What one run did; `log` is set on process 0."""
-
-  seed: int
-  success: bool = False
-  init_s: float = 0.0
-  time_to_train_s: float = 0.0
-  train_s: float = 0.0
-  eval_s: float = 0.0
-  input_wait_s: float = 0.0
-  samples: int = 0
-  epoch: float = 0.0
-  evals: list[tuple[float, float]] = dataclasses.field(default_factory=list)
-  train_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
-  diverged: str | None = None
-  flops_per_example: float = 0.0  # model FLOPs (see mfu), forward and backward
-  peak_flops_per_s: float = 0.0   # what the run's devices can do (see mfu.peak)
-  peak_source: str = ""
-  opt_state_bytes: int = 0
-  goodput: goodput.Goodput | None = None
-  checkpoint_saves: list[tuple[int, float]] = dataclasses.field(default_factory=list)
-  log: Path | None = None
-  train_cost: dict[str, float] = dataclasses.field(default_factory=dict)  # XLA's, per device
-  tensorboard_dir: Path | None = None  # scalars and traces (process 0)
-
-  @property
-  def samples_per_s(self) -> float:
-    return self.samples / self.train_s if self.train_s else 0.0
-
-  @property
-  def flops_per_s(self) -> float:
-    """Achieved model FLOP/s while training."""
-    return self.samples_per_s * self.flops_per_example
-
-  @property
-  def mfu(self) -> float:
-    """Model FLOPs utilisation against the devices' peak."""
-    return mfu.utilization(self.flops_per_s, mfu.Peak(self.peak_flops_per_s, self.peak_source))
 
 
 def run_once(plan: Plan, seed: int, log: MLLog, progress: RunProgress,
              saver: RunSaver | None = None, tele: Telemetry | None = None) -> RunResult:
   """One complete time-to-quality run, logged to `log`.
 
-  With `saver` (see mlbench.train.checkpoint via the runner), the run saves
+  With `saver` (see mlbench.train.lifecycle.checkpoint via the runner), the run saves
   checkpoints, or continues from one when `saver.resuming`; with `tele`, it writes
   TensorBoard scalars and traces the profile window (see telemetry).
   """
   clock, result, tele = Clock(), RunResult(seed=seed), tele or telemetry.disabled()
   result.tensorboard_dir = tele.logdir if tele.writes else None
-  mfu.prepare(plan, result, progress)  # Untimed: before the clock's first mark.
+  # Untimed: before the clock's first mark.
+  result.flops_per_example, peak = mfu.prepare(plan, progress)
+  result.peak_flops_per_s, result.peak_source = peak.flops_per_s, peak.source
   if saver is not None and saver.resuming:
     saver.continue_clock(clock, result)  # The log so far is already in `log`.
     clock.mark("resume_start")
@@ -117,7 +78,7 @@ def run_once(plan: Plan, seed: int, log: MLLog, progress: RunProgress,
   _train_and_evaluate(plan, programs, state, seed, log, clock, progress, result,
                       start=start, sums=sums, saver=saver, tele=tele)
   result.time_to_train_s = clock.between("run_start", "run_stop")
-  result.goodput = goodput.measure(clock, result)
+  result.goodput = goodput.measure(clock, result.input_wait_s)
   result.train_s, result.eval_s = clock.segments["train"], clock.segments["eval"]
   return result
 

@@ -13,9 +13,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlbench import accelerators
+
+if TYPE_CHECKING:
+  from mlbench.train.plan import Plan
+  from mlbench.train.progress import RunProgress
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +66,9 @@ def utilization(model_flops_per_s: float, p: Peak) -> float:
   return model_flops_per_s / p.flops_per_s if p.flops_per_s else 0.0
 
 
-def prepare(plan: Any, result: Any, progress: Any) -> None:
-  """Fills a run result's model FLOPs per example and peak, and tells the progress line.
+def prepare(plan: Plan, progress: RunProgress) -> tuple[float, Peak]:
+  """(model FLOPs of one example, the peak of all the run's devices), told to the progress
+  line too.
 
   A plugin that gives no analytic count and whose one-example gradient cannot be
   lowered on its own (it needs the mesh) gets no MFU: never the compiled program's
@@ -72,14 +77,14 @@ def prepare(plan: Any, result: Any, progress: Any) -> None:
   from mlbench.train import steps
 
   try:
-    result.flops_per_example = steps.flops_per_example(plan.workload, plan.cfg, plan.ctx)
+    flops = steps.flops_per_example(plan.workload, plan.cfg, plan.ctx)
   except Exception as e:  # Reporting only: never fail a run over its FLOP count.
     progress.note(f"model FLOPs not counted ({type(e).__name__}: give the workload an analytic "
                   "flops_per_example); no MFU reported")
-    result.flops_per_example = 0.0
+    flops = 0.0
   p = peak(plan.runtime.local_devices)
   # All devices of the run: the local ones' peak times the processes (hosts are alike).
-  result.peak_flops_per_s = p.flops_per_s * plan.runtime.process_count
-  result.peak_source = p.source if plan.runtime.process_count == 1 else \
-      f"{plan.runtime.process_count} hosts x {p.source}"
-  progress.utilization(result.flops_per_example, result.peak_flops_per_s)
+  hosts = plan.runtime.process_count
+  run = Peak(p.flops_per_s * hosts, p.source if hosts == 1 else f"{hosts} hosts x {p.source}")
+  progress.utilization(flops, run.flops_per_s)
+  return flops, run

@@ -13,7 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from mlbench import config as config_lib, fields, paths, registry, results, rules
+from mlbench import config as config_lib, fields, registry, rules, system as system_lib
+from mlbench.storage import paths
 from mlbench.train import data, mesh as mesh_lib, pipeline
 from mlbench.config import Division, InputMode, RunConfig
 from mlbench.errors import UserError, choices
@@ -58,7 +59,7 @@ class Plan:
   @property
   def log_status(self) -> str:
     """`submission_status` as the logs of rulesets <= 4.0.0 spell it."""
-    return results.STATUS_TO_LOG[self.system_desc["status"]]
+    return system_lib.STATUS_TO_LOG[self.system_desc["status"]]
 
 
 def eval_points(schedule: Schedule, rule: rules.Rule) -> tuple[Point, ...]:
@@ -153,7 +154,8 @@ def _parallelism(workload: Workload, config_name: str, cfg: Any, schedule: Sched
   return micro
 
 
-def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | None = None) -> Plan:
+def make_plan(rc: RunConfig, runtime: Runtime, *,
+              machine: system_lib.Machine | None = None) -> Plan:
   """Validates a run request and builds the shared plan (writes the system description)."""
   workload = registry.get(rc.workload)
   name, cfg, harness = config_lib.configured(workload, rc.config, rc.overrides)
@@ -178,10 +180,10 @@ def make_plan(rc: RunConfig, runtime: Runtime, *, machine: results.Machine | Non
     raise UserError(f"{workload.name} ({name}) breaks the {rule.ruleset} {rule.benchmark} rules: "
                     + "; ".join(problems) + ("; use --division open or change the config"
                                              if rc.division is Division.CLOSED else ""))
-  machine = machine or results.probe(runtime.local_devices, runtime.process_count)
-  system = paths.check_name("--system", rc.system or results.default_system_name(machine))
+  machine = machine or system_lib.probe(runtime.local_devices, runtime.process_count)
+  system = paths.check_name("--system", rc.system or system_lib.default_system_name(machine))
   paths.check_name("--submitter", rc.submitter)
-  description = results.describe(machine, system=system, submitter=rc.submitter,
+  description = system_lib.describe(machine, system=system, submitter=rc.submitter,
                                  division=rc.division.value, notes=_hw_notes(runtime, rc))
   return Plan(rc=rc, runtime=runtime, workload=workload, config_name=name, cfg=cfg, rule=rule,
               schedule=schedule, mesh=mesh, ctx=ctx, tx=workload.optimizer(cfg, schedule),

@@ -18,18 +18,20 @@ from collections.abc import Callable
 
 from rich.console import Console
 
-from mlbench import compliance, config as config_lib, faults, paths, results, storage
-from mlbench import pending as pending_lib
-from mlbench.train import checkpoint, loop, peers, resume, runtime as runtime_lib, signals
-from mlbench.train import compile_cache, space, telemetry
+from mlbench import compliance, config as config_lib, system
 from mlbench.config import RunConfig
 from mlbench.errors import Interrupted, StorageFailed, UserError
 from mlbench.mllog import MLLog
-from mlbench.train.filing import RunEnd
-from mlbench.train.lease import Lease
+from mlbench.storage import faults, paths, results, writes
+from mlbench.storage import pending as pending_lib
+from mlbench.train import compile_cache, loop, runtime as runtime_lib, telemetry
+from mlbench.train.lifecycle import checkpoint, peers, resume, signals, space
+from mlbench.train.lifecycle.filing import RunEnd
+from mlbench.train.lifecycle.lease import Lease
+from mlbench.train.lifecycle.runrecord import FINISHED_FILE, RUN_FILE, find_run, new_record
 from mlbench.train.plan import Plan, check_inputs, make_plan
 from mlbench.train.progress import RunProgress
-from mlbench.train.runrecord import find_run, new_record
+from mlbench.train.result import RunResult
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +39,7 @@ class Outcome:
   """A finished run and, on process 0, the checker's verdict on its log."""
 
   index: int
-  result: loop.RunResult
+  result: RunResult
   check: compliance.CheckResult | None
 
 
@@ -75,11 +77,11 @@ def prepare(rc: RunConfig) -> Plan:
     # A link out of --results-dir, or a folder (or bucket) that cannot be written,
     # fails now, before the data is prepared and before any compile.
     results.benchmark_dir(rc.results_dir, plan.system, plan.workload.benchmark)
-    storage.check_writable(rc.results_dir, "--results-dir", parents=True, min_free_bytes=0)
+    writes.check_writable(rc.results_dir, "--results-dir", parents=True, min_free_bytes=0)
     if rc.checkpoint_dir is not None:
-      storage.check_writable(rc.checkpoint_dir, "--checkpoint-dir", min_free_bytes=0)
+      writes.check_writable(rc.checkpoint_dir, "--checkpoint-dir", min_free_bytes=0)
     if rc.resume is not None:
-      storage.check_writable(rc.resume, "the checkpoint folder of --resume", min_free_bytes=0)
+      writes.check_writable(rc.resume, "the checkpoint folder of --resume", min_free_bytes=0)
     # Room for what the runs will write (checkpoints, logs, the compile cache), counted.
     saves = bool(rc.checkpoint_every) or rc.resume is not None
     space.check(space.needs(plan, state=space.state_bytes(plan) if saves else 0,
@@ -101,7 +103,7 @@ def prepare(rc: RunConfig) -> Plan:
   if not runtime.is_leader:
     return plan
   with paths.errors("cannot write under --results-dir", rc.results_dir):
-    on_disk = results.ensure_system(rc.results_dir, plan.system_desc)
+    on_disk = system.ensure_system(rc.results_dir, plan.system_desc)
   return dataclasses.replace(plan, system_desc=on_disk)
 
 
@@ -199,11 +201,11 @@ def _saver(plan: Plan, run: Run,
     with faults.needed(ckpt_dir):
       ckpt_dir.mkdir(parents=True, exist_ok=True)
       record = new_record(plan, run.run_id, run.seeds, run.index)
-      storage.write_new(ckpt_dir / checkpoint.RUN_FILE, record.to_json())
+      writes.write_new(ckpt_dir / RUN_FILE, record.to_json())
     if rc.checkpoint_dir is not None:  # The run folder says where its checkpoints are.
       with faults.needed(folder):
         folder.mkdir(parents=True, exist_ok=True)
-        storage.write_new(folder / "checkpoints.txt", f"{paths.resolve(ckpt_dir)}\n")
+        writes.write_new(folder / "checkpoints.txt", f"{paths.resolve(ckpt_dir)}\n")
   lease = _own(plan, ckpt_dir, run.run_id, f"the checkpoint folder {ckpt_dir}", console)
   return checkpoint.RunSaver(ckpt_dir, rc.checkpoint_every), folder, lease
 
@@ -240,8 +242,7 @@ def _refuse_if_published(plan: Plan, saver: checkpoint.RunSaver) -> None:
     with log.open("rb") as f:
       if f.read(len(prefix)) != prefix:
         continue
-    storage.write_new(saver.directory / checkpoint.FINISHED_FILE,
-                      json.dumps({"log": str(log)}) + "\n")
+    writes.write_new(saver.directory / FINISHED_FILE, json.dumps({"log": str(log)}) + "\n")
     raise UserError(f"--resume {saver.directory}: that run already finished ({log}); start a "
                     "new run instead")
 
@@ -339,6 +340,6 @@ def _run_and_file(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch
     result.checkpoint_saves = saver.saves
   check = None
   if result.log is not None:
-    with storage.fetched(result.log, "the run's log") as local:  # The checker reads files.
-      check = compliance.check_log(local, plan.rule, config_lib.default_cache_dir())
+    with writes.fetched(result.log, "the run's log") as local:  # The checker reads files.
+      check = compliance.check_log(local, plan.rule, paths.default_cache_dir())
   return Outcome(run.index, result, check)

@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.errors import UserError
 
 

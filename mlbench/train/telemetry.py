@@ -24,10 +24,13 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mlbench import faults
+from mlbench.storage import faults
 from mlbench.errors import UserError
+
+if TYPE_CHECKING:
+  from mlbench.train.plan import Plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +139,7 @@ class Telemetry:
     self._writer = None
 
 
-def for_run(plan: Any, folder: Path) -> Telemetry:
+def for_run(plan: Plan, folder: Path) -> Telemetry:
   """TensorBoard scalars from process 0 and a trace of `--profile START:COUNT` from every
   process, into the run folder's `tensorboard/`."""
   from mlbench.train import mfu, steps

@@ -163,7 +163,7 @@ def test_a_run_is_a_success_only_when_nothing_judges_it_non_compliant(tmp_path, 
   from mlbench import compliance, rules
   from mlbench.cli.run import run_status
   from mlbench.config import Division
-  from mlbench.train.loop import RunResult
+  from mlbench.train.result import RunResult
   from mlbench.train.runner import Outcome
 
   rule = rules.load("resnet", "mini")

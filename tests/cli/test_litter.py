@@ -12,8 +12,9 @@ import uuid
 
 import pytest
 
-from mlbench import pending, results, storage
+from mlbench.storage import pending, results, writes
 from mlbench.cli import main
+from mlbench.config import STALE_AFTER_S
 from mlbench.errors import UserError
 
 
@@ -35,7 +36,7 @@ def test_pending_logs_tell_dead_from_live(tmp_path):
   live = tmp_path / f"pending_{os.getppid()}_{uuid.uuid4().hex[:8]}.log"
   live.write_text("running")
   (tmp_path / "pending_notes.log").write_text("not a pending log")
-  found = {p.log.name: p.abandoned for p in pending.scan(tmp_path)}
+  found = {p.log.name: p.abandoned for p in pending.scan(tmp_path, stale_after=STALE_AFTER_S)}
   assert found == {stale.name: True, live.name: False}
 
 
@@ -70,11 +71,11 @@ def test_validate_ignores_a_killed_runs_log_with_a_note(capsys, tmp_path, write_
 
 def test_check_writable_refuses_a_missing_mount_and_a_file(tmp_path):
   with pytest.raises(UserError, match=r"its parent .*missing does not exist \(a missing mount\?\)"):
-    storage.check_writable(tmp_path / "missing" / "ckpt", "--checkpoint-dir")
+    writes.check_writable(tmp_path / "missing" / "ckpt", "--checkpoint-dir")
   assert not (tmp_path / "missing").exists()
   (tmp_path / "file").write_text("")
   with pytest.raises(UserError, match="cannot write to --results-dir"):
-    storage.check_writable(tmp_path / "file" / "res", "--results-dir", parents=True)
+    writes.check_writable(tmp_path / "file" / "res", "--results-dir", parents=True)
 
 
 def test_check_writable_refuses_a_full_filesystem(tmp_path):
@@ -85,7 +86,7 @@ def test_check_writable_refuses_a_full_filesystem(tmp_path):
     pytest.skip("cannot mount a small tmpfs here (needs root)")
   try:
     with pytest.raises(UserError, match=r"has only 1\.0 MiB free"):
-      storage.check_writable(mnt / "res", "--results-dir")
+      writes.check_writable(mnt / "res", "--results-dir")
   finally:
     subprocess.run(["umount", str(mnt)], check=True)
 

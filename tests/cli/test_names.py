@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mlbench import paths, results
+from mlbench.storage import paths, results
 from mlbench.cli import main
 from mlbench.errors import UserError
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mlbench import results
+from mlbench import system
+from mlbench.storage import results
 from mlbench.cli import main
 
 DATA = Path(__file__).parents[1] / "data" / "mlperf-results"
@@ -217,8 +218,8 @@ def test_microsecond_timestamps_are_a_one_line_error(capsys, package, command):
 
 def test_mlbench_logs_validate_under_the_mini_rules(capsys, tmp_path, write_log):
   """Five runs as `mlbench run --runs 5` writes them, with a system description."""
-  machine = results.probe(__import__("jax").local_devices(), 1)
-  results.ensure_system(tmp_path, results.describe(machine, system="cpu-test", submitter="mlbench",
+  machine = system.probe(__import__("jax").local_devices(), 1)
+  system.ensure_system(tmp_path, system.describe(machine, system="cpu-test", submitter="mlbench",
                                                    division="closed", notes=""))
   folder = results.benchmark_dir(tmp_path, "cpu-test", "resnet")
   folder.mkdir(parents=True)

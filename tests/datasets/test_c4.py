@@ -61,7 +61,7 @@ def _bytes(out: Path) -> dict[str, bytes]:
 def test_c4_is_tokenised_into_megatron_datasets_the_workload_reads(raw, tmp_path):
   from tokenizers import Tokenizer
 
-  from workloads.llama31_8b import indexed
+  from mlbench.datasets import indexed
   raw_dir, tok_path, texts = raw
   out = tmp_path / "out"
   assert _prepare(raw_dir, out, tok_path, "--workers", "1") == 0
@@ -99,7 +99,7 @@ def test_tokens_are_the_references_and_an_end_of_document_token_only_on_request(
   L348-349): the token stream is the documents' tokens back to back, nothing between."""
   from tokenizers import Tokenizer
 
-  from workloads.llama31_8b import indexed
+  from mlbench.datasets import indexed
   tok_path = raw[1]
   texts = ["the quick fox", "", "a lazy dog"]
   (tmp_path / "raw").mkdir()

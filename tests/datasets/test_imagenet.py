@@ -111,17 +111,18 @@ def test_the_shuffle_is_the_references(raw, prepared):
 def test_the_resnet50_pipeline_decodes_a_batch(prepared):
   from mlbench.train import data
   from mlbench.workload import Split
+  from workloads.common import imagenet
   from workloads.resnet50 import config, input_pipeline
 
   cfg = config.full()
   cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, image_size=32,
                                                           eval_resize=36))
-  files = input_pipeline.files(cfg, prepared, Split.TRAIN)
+  files = imagenet.files(cfg, prepared, Split.TRAIN)
   ds = data.train_dataset(files, input_pipeline.decode(cfg, Split.TRAIN), per_host_batch=4,
                           seed=0, host=0, hosts=1)
   batch = next(data.numpy_batches(ds))
   assert batch["image"].shape == (4, 32, 32, 3) and set(batch["label"]) <= {0, 1, 2}
-  evals = data.eval_dataset(input_pipeline.files(cfg, prepared, Split.EVAL),
+  evals = data.eval_dataset(imagenet.files(cfg, prepared, Split.EVAL),
                             input_pipeline.decode(cfg, Split.EVAL), num_examples=6,
                             per_host_batch=6, host=0, hosts=1)
   batch = next(data.numpy_batches(evals))
@@ -288,6 +289,7 @@ def test_one_train_step_of_resnet50_on_the_prepared_records(prepared):
   from mlbench.train import data, steps
   from mlbench.train import mesh as mesh_lib
   from mlbench.workload import Split, StepContext
+  from workloads.common import imagenet
   from workloads.resnet50 import WORKLOAD, config, input_pipeline
 
   full = config.full()
@@ -297,7 +299,7 @@ def test_one_train_step_of_resnet50_on_the_prepared_records(prepared):
   mesh = mesh_lib.make_mesh()
   programs = steps.compile_programs(WORKLOAD, cfg, sched, mesh, StepContext(mesh=mesh),
                                     WORKLOAD.optimizer(cfg, sched))
-  ds = data.train_dataset(input_pipeline.files(cfg, prepared, Split.TRAIN),
+  ds = data.train_dataset(imagenet.files(cfg, prepared, Split.TRAIN),
                           input_pipeline.decode(cfg, Split.TRAIN), per_host_batch=8, seed=0,
                           host=0, hosts=1)
   batch = next(data.numpy_batches(ds))

@@ -30,10 +30,11 @@ def official_check(tmp_path):
   """official_check(log, rule): the official compliance checker, run here by the test
   itself as a user would, passes `log` under `rule` (derived checker rules for mlbench's
   own rulesets)."""
-  from mlbench import compliance, config as config_lib
+  from mlbench import compliance
+  from mlbench.storage import paths
 
   def check(log, rule):
-    config = compliance.checker_config(rule, config_lib.default_cache_dir())
+    config = compliance.checker_config(rule, paths.default_cache_dir())
     args = [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage",
             rule.checker_usage, "--ruleset", rule.checker_ruleset]
     args += ["--config", str(config)] if config else []

@@ -48,12 +48,13 @@ def eval_set_fingerprints(data_dir):
 
   from mlbench.train import data
   from mlbench.workload import Split
+  from workloads.common import imagenet
   from workloads.resnet50 import config, input_pipeline
 
   cfg = config.mini()
   t = data.tf()
   decode = input_pipeline.decode(cfg, Split.EVAL)
-  ds = t.data.TFRecordDataset(sorted(input_pipeline.files(cfg, data_dir, Split.EVAL)))
+  ds = t.data.TFRecordDataset(sorted(imagenet.files(cfg, data_dir, Split.EVAL)))
   images = [ex["image"] for ex in ds.map(lambda r: decode(r, t.zeros([2], t.int64)))
             .as_numpy_iterator()]
   return np.sort(fingerprints(np.stack(images)))
@@ -75,6 +76,7 @@ def main() -> None:
 
   from mlbench.train import data, evaluate, mesh as mesh_lib, steps
   from mlbench.workload import Split, StepContext
+  from workloads.common import imagenet
   from workloads.resnet50 import WORKLOAD, config, input_pipeline
 
   cfg = config.mini()
@@ -83,7 +85,7 @@ def main() -> None:
   programs = steps.compile_programs(WORKLOAD, cfg, sched, mesh, StepContext(mesh=mesh),
                                     WORKLOAD.optimizer(cfg, sched))
   state = programs.init_state(3)
-  ds = data.eval_dataset(input_pipeline.files(cfg, args.data_dir, Split.EVAL),
+  ds = data.eval_dataset(imagenet.files(cfg, args.data_dir, Split.EVAL),
                          input_pipeline.decode(cfg, Split.EVAL), num_examples=sched.eval_examples,
                          per_host_batch=sched.eval_batch_size // rt.process_count,
                          host=rt.process_index, hosts=rt.process_count)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from mlbench import results
+from mlbench.storage import results
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from mlbench import results, rules
+from mlbench import rules
+from mlbench.storage import results
 from mlbench.errors import StorageFailed
 
 pytestmark = pytest.mark.slow

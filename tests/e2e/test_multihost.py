@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlbench import results
+from mlbench.storage import results
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 

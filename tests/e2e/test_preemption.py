@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlbench import results, rules
+from mlbench import rules
+from mlbench.storage import results
 from telemetry_checks import check_scalars_and_trace  # tests/e2e/telemetry_checks.py
 
 pytestmark = pytest.mark.slow

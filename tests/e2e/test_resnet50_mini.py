@@ -15,7 +15,8 @@ from mlperf_logging.benchmark_meta import get_result_file_counts
 from mlperf_logging.package_checker.seed_checker import SeedChecker
 from mlperf_logging.system_desc_checker import system_desc_checker
 
-from mlbench import results, rules
+from mlbench import rules
+from mlbench.storage import results
 
 pytestmark = pytest.mark.slow
 

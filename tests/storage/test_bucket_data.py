@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.cli import main
 
 WNIDS = ("n01440764", "n01443537", "n01484850")
@@ -71,9 +71,10 @@ def test_prepare_into_a_bucket_killed_and_run_again_then_verify(raw, bucket, cap
   # What the resnet50 workload lists for tf.data (which reads gs:// itself), and a set
   # that is not there: named as the user gave it, not as gs:/... .
   from mlbench.workload import Split
-  from workloads.resnet50 import config, input_pipeline
+  from workloads.common import imagenet
+  from workloads.resnet50 import config
 
-  listed = input_pipeline.files(config.full(), paths.path(out), Split.TRAIN)
+  listed = imagenet.files(config.full(), paths.path(out), Split.TRAIN)
   assert listed == [f"{out}/train-{i:05d}-of-00012" for i in range(12)]
   assert main(["run", "resnet50", "--config", "full", "--data-dir", f"{bucket}/absent",
                "--results-dir", f"{bucket}/results"]) == 2

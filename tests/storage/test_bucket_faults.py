@@ -9,11 +9,12 @@ import json
 import jax.numpy as jnp
 import pytest
 
-from mlbench import faults, paths, pending, results
+from mlbench.storage import faults, paths, pending, results
 from mlbench.errors import StorageFailed
-from mlbench.train import checkpoint, steps
+from mlbench.train import steps
+from mlbench.train.lifecycle import checkpoint
 from mlbench.train.clock import Clock
-from mlbench.train.loop import RunResult
+from mlbench.train.result import RunResult
 
 
 def test_a_result_upload_answered_503_is_retried_and_403_is_one_line(bucket, gcs_faults,

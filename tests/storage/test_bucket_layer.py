@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from mlbench import pending, results, storage
+from mlbench.storage import pending, results, writes
 from mlbench.cli import main
 
 
@@ -42,9 +42,9 @@ def test_a_missing_bucket_object_or_slash_is_one_line(bucket, capsys):
 
 def test_write_new_creates_once_and_never_replaces(bucket):
   target = f"{bucket}/results/systems/a.json"
-  assert storage.write_new(target, "first") is True
-  assert storage.write_new(target, "second") is False
-  assert storage.write_new(target, "first") is True  # A retried upload of ours: ours.
+  assert writes.write_new(target, "first") is True
+  assert writes.write_new(target, "second") is False
+  assert writes.write_new(target, "first") is True  # A retried upload of ours: ours.
   assert results.paths.path(target).read_text() == "first"
 
 
@@ -132,23 +132,23 @@ def test_the_heartbeat_uploads_the_log_and_refreshes_the_record(bucket):
 
 
 def test_a_run_folder_in_a_bucket_is_held_by_one_live_run(bucket):
-  """The lease of mlbench.train.lease, in a bucket: refused while another host's run beats,
-  taken over once its heartbeat is older than --stale-after, exactly once."""
+  """The lease of mlbench.train.lifecycle.lease, in a bucket: refused while another host's run
+  beats, taken over once its heartbeat is older than --stale-after, exactly once."""
   from mlbench.errors import UserError
-  from mlbench.train.lease import Lease
+  from mlbench.train.lifecycle.lease import Lease
 
   folder = results.run_folder(f"{bucket}/results", "sys", "resnet", "abcd1234") / "checkpoints"
   now = time.time()
   other = pending.Record("abcd1234", "tpu-host-7", "b00t", 1, 4242, None, now, now - 60)
-  assert storage.write_new(folder / "lease-0.json", other.to_json())
+  assert writes.write_new(folder / "lease-0.json", other.to_json())
   with pytest.raises(UserError, match=r"in progress elsewhere \(host tpu-host-7, process 4242: "
                                       r"heartbeat 60 s ago\)"):
     Lease.take(folder, "abcd1234", stale_after=600, what="--resume")
   lease = Lease.take(folder, "abcd1234", stale_after=30, what="--resume", heartbeat_s=0.1)
   assert [p.name for p in folder.iterdir()] == ["lease-1.json"] and lease.ours()
   # Another process of this host, while this one holds it and beats.
-  out = subprocess.run([sys.executable, "-c", "import sys; from mlbench.train.lease import "
-                        "Lease; Lease.take(sys.argv[1], 'abcd1234', stale_after=30, "
+  out = subprocess.run([sys.executable, "-c", "import sys; from mlbench.train.lifecycle.lease "
+                        "import Lease; Lease.take(sys.argv[1], 'abcd1234', stale_after=30, "
                         "what='--resume')", str(folder)], capture_output=True, text=True,
                        env={**os.environ}, timeout=120)
   assert out.returncode == 1 and (f"UserError: --resume: that run is in progress elsewhere "
@@ -193,8 +193,8 @@ def test_where_there_are_no_hard_links_the_name_is_claimed_then_filled_in_one_re
   with open(src, "w") as f:
     f.write(":::MLLOG a whole log\n")
   try:
-    assert storage.write_new(tmp_path / "result_0.txt", src=src) is True
-    assert storage.write_new(tmp_path / "result_0.txt", src=src) is False
+    assert writes.write_new(tmp_path / "result_0.txt", src=src) is True
+    assert writes.write_new(tmp_path / "result_0.txt", src=src) is False
   finally:
     os.unlink(src)
   assert (tmp_path / "result_0.txt").read_text() == ":::MLLOG a whole log\n"
@@ -204,7 +204,7 @@ def test_where_there_are_no_hard_links_the_name_is_claimed_then_filled_in_one_re
 def test_compare_scores_a_bucket_and_names_it_as_given(bucket, write_log, tmp_path, capsys):
   folder = results.benchmark_dir(f"{bucket}/package", "cpu-test", "resnet")
   for i, accuracies in enumerate(([0.5, 0.985], [0.6, 0.99])):
-    storage.put(write_log(tmp_path / f"log{i}.txt", accuracies, seed=7 + i),
+    writes.put(write_log(tmp_path / f"log{i}.txt", accuracies, seed=7 + i),
                 folder / f"result_{i}.txt")
   assert main(["compare", f"{bucket}/package", "--json", str(tmp_path / "scores.json")]) == 0
   [entry] = json.loads((tmp_path / "scores.json").read_text())["entries"]

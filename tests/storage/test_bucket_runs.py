@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from mlbench import paths, pending, results
+from mlbench.storage import paths, pending, results
+from mlbench.config import STALE_AFTER_S
 
 pytestmark = pytest.mark.slow
 def _checkpoint_of(step: int, ckpt: paths.Path, procs) -> paths.Path:
@@ -71,7 +72,7 @@ def test_a_run_into_a_bucket_is_stopped_resumed_from_it_and_validated(bucket, da
       "--results-dir", f"{bucket}/results", "--compile-cache", cache, cwd=tmp_path)
   bench = results.benchmark_dir(f"{bucket}/results", "cpu-test", "resnet")
   run = _checkpoint_of(10, ckpt, [proc])
-  [mine] = pending.scan(bench)  # The run's record, beating in the bucket.
+  [mine] = pending.scan(bench, stale_after=STALE_AFTER_S)  # The run's record, beating there.
   assert not mine.abandoned and mine.record.pid == proc.pid, mine
   [err] = _sigterm([proc])
   assert err.strip().splitlines()[-1].endswith(f"resume with: mlbench run resnet50 --resume "

@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 import yaml
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.cli.run import run_cmd
 
 ROOT = Path(__file__).parents[2]

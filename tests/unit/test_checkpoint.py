@@ -9,10 +9,11 @@ import pytest
 
 from mlbench.errors import UserError
 from mlbench.mllog import MLLog
-from mlbench.train import checkpoint, mesh as mesh_lib, sharding, steps
+from mlbench.train import mesh as mesh_lib, sharding, steps
+from mlbench.train.lifecycle import checkpoint, restore
 from mlbench.train.clock import Clock
 from mlbench.train.goodput import measure
-from mlbench.train.loop import RunResult
+from mlbench.train.result import RunResult
 
 
 def _shardings(workload, cfg, tx, devices):
@@ -51,9 +52,9 @@ def test_a_checkpoint_of_8_devices_restores_onto_4_bit_for_bit(tmp_path):
   ckpts.close()
 
   mesh4, sh4 = _shardings(WORKLOAD, cfg, tx, jax.devices()[:4])
-  abstract = checkpoint.abstract_state(init, sh4, mesh4)
-  got = checkpoint.restore(tmp_path / "ckpt", abstract,
-                           {"loss": mesh_lib.replicated(mesh4)})
+  abstract = restore.abstract_state(init, sh4, mesh4)
+  got = restore.restore(tmp_path / "ckpt", abstract,
+                        {"loss": mesh_lib.replicated(mesh4)})
   assert got.step == 5 and float(got.sums["loss"]) == 3.5
   assert got.meta["log"] == ":::MLLOG line 1\n" and got.meta["evals"] == [[1, 0.25]]
   leaves4 = jax.tree.leaves(got.state.replace(rng=jax.random.key_data(got.state.rng)))
@@ -72,8 +73,7 @@ def test_goodput_splits_the_wall_time_by_the_runs_own_events():
   clock.marks["run_stop"] = 100.0
   clock.add("train", 60.0), clock.add("eval", 8.0), clock.add("checkpoint", 1.0)
   clock.add("lost", 12.0), clock.add("init", 5.0)
-  result = RunResult(seed=0, input_wait_s=3.0)
-  g = measure(clock, result)
+  g = measure(clock, input_wait_s=3.0)
   assert (g.total_s, g.init_s, g.productive_s, g.restarts_s) == (100.0, 15.0, 56.0, 12.0)
   assert g.other_s == pytest.approx(100 - 15 - 8 - 1 - 3 - 12 - 56)
   assert g.goodput == pytest.approx(0.56)

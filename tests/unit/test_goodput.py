@@ -12,9 +12,11 @@ import pytest
 
 from mlbench.errors import Interrupted
 from mlbench.mllog import MLLog
-from mlbench.train import checkpoint, goodput, loop, signals, steps
+from mlbench.train import goodput, loop, steps
+from mlbench.train.lifecycle import checkpoint, restore, signals
 from mlbench.train.clock import Clock
 from mlbench.train.progress import RunProgress
+from mlbench.train.result import RunResult
 
 WAIT_S = 0.05  # what the input pipeline makes each step wait
 
@@ -46,7 +48,7 @@ def test_an_interrupted_blocks_input_wait_is_in_its_checkpoint_and_goodput(tmp_p
                            model_state={}, opt_state={}, rng=jax.random.key(0))
   programs, sums = _programs(), {"loss": jnp.zeros(())}
   programs.train(state, sums, {"x": jnp.ones(4)})  # compiled before the clock runs
-  clock, result = Clock(), loop.RunResult(seed=0)
+  clock, result = Clock(), RunResult(seed=0)
   saver = checkpoint.RunSaver(tmp_path / "ck", every=0)
   saver.start(clock, result, MLLog(None))
   progress = RunProgress(title="t", total_samples=100, train_examples=10, enabled=False)
@@ -58,13 +60,13 @@ def test_an_interrupted_blocks_input_wait_is_in_its_checkpoint_and_goodput(tmp_p
   assert saver.final() == 6
   saver.close()
 
-  meta = checkpoint.read_meta(tmp_path / "ck")  # what a resumed run continues from
+  meta = restore.read_meta(tmp_path / "ck")  # what a resumed run continues from
   assert meta["input_wait_s"] >= 6 * WAIT_S
   assert meta["segments"]["train"] >= meta["input_wait_s"]
-  resumed, again = Clock(), loop.RunResult(seed=0)
-  checkpoint.continue_clock(resumed, again, meta)
+  resumed, again = Clock(), RunResult(seed=0)
+  restore.continue_clock(resumed, again, meta)
   resumed.mark("run_stop")
-  g = goodput.measure(resumed, again)
+  g = goodput.measure(resumed, again.input_wait_s)
   assert g.input_wait_s == meta["input_wait_s"]
   assert g.productive_s <= meta["segments"]["train"] - 6 * WAIT_S  # the waits are not productive
   parts = (g.productive_s, g.init_s, g.eval_s, g.checkpoint_s, g.input_wait_s, g.restarts_s)

@@ -10,7 +10,8 @@ import jax
 import pytest
 from mlperf_logging.system_desc_checker import system_desc_checker
 
-from mlbench import pending, results
+from mlbench import system
+from mlbench.storage import pending, results
 from mlbench.errors import UserError
 
 
@@ -59,15 +60,15 @@ def test_a_pending_name_left_by_a_kill_inside_publish_is_known_as_the_result(tmp
 
 @pytest.fixture
 def description():
-  machine = results.probe(jax.local_devices(), 1)
-  return results.describe(machine, system="cpu-test", submitter="mlbench", division="closed",
+  machine = system.probe(jax.local_devices(), 1)
+  return system.describe(machine, system="cpu-test", submitter="mlbench", division="closed",
                           notes="test")
 
 
 @pytest.mark.parametrize("ruleset", ["0.7.0", "4.0.0", "6.1.0"])
 def test_system_description_passes_the_official_checker(tmp_path, description, ruleset):
   path = results.system_file(tmp_path, "cpu-test")
-  results.ensure_system(tmp_path, description)
+  system.ensure_system(tmp_path, description)
   valid, name, _, _ = system_desc_checker.check_system_desc(str(path), "training", ruleset)
   assert valid and name == "cpu-test"
 
@@ -77,7 +78,7 @@ def test_machine_facts_are_read_from_the_host(description):
   assert description["accelerators_per_node"] == "0"
   assert description["host_memory_capacity"].endswith(" GB")
   assert description["framework"].startswith("JAX ")
-  assert results.default_system_name(results.probe(jax.local_devices(), 1)).startswith("cpu-")
+  assert system.default_system_name(system.probe(jax.local_devices(), 1)).startswith("cpu-")
 
 
 def test_an_existing_description_is_kept_and_a_division_change_refused(tmp_path, description):
@@ -85,11 +86,11 @@ def test_an_existing_description_is_kept_and_a_division_change_refused(tmp_path,
   path.parent.mkdir(parents=True)
   edited = {**description, "host_networking": "edited by hand"}
   path.write_text(json.dumps(edited))
-  assert results.ensure_system(tmp_path, description)["host_networking"] == "edited by hand"
+  assert system.ensure_system(tmp_path, description)["host_networking"] == "edited by hand"
   assert json.loads(path.read_text()) == edited
   with pytest.raises(UserError, match="is for the closed division but this run is open"):
-    results.ensure_system(tmp_path, {**description, "division": "open"})
+    system.ensure_system(tmp_path, {**description, "division": "open"})
   path.write_text("{not json")
   with pytest.raises(UserError, match="is not valid JSON"):
-    results.ensure_system(tmp_path, description)
+    system.ensure_system(tmp_path, description)
   assert path.read_text() == "{not json"

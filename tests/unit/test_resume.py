@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from mlbench import pending, storage
+from mlbench.storage import pending, writes
 from mlbench.cli import main
 from mlbench.config import RunConfig
-from mlbench.train import lease as lease_lib, resume
-from mlbench.train.runrecord import RUN_FILE, RunRecord, versions
+from mlbench.train.lifecycle import lease as lease_lib, resume
+from mlbench.train.lifecycle.runrecord import RUN_FILE, RunRecord, versions
 
 RID = "abcd1234"
 
@@ -41,7 +41,7 @@ def _run(tmp_path: Path, *, checkpoint: bool = True, **changes) -> Path:
   (tmp_path / "data").mkdir(exist_ok=True)
   if checkpoint:
     (ckpt / "5").mkdir()
-  storage.write_new(ckpt / RUN_FILE, RunRecord(**{**_base(tmp_path), **changes}).to_json())
+  writes.write_new(ckpt / RUN_FILE, RunRecord(**{**_base(tmp_path), **changes}).to_json())
   return folder
 
 
@@ -155,7 +155,7 @@ def test_a_run_checkpointed_elsewhere_files_where_it_is_told(tmp_path):
   ckpt = tmp_path / "bucket" / RID
   ckpt.mkdir(parents=True)
   (ckpt / "5").mkdir()
-  storage.write_new(ckpt / RUN_FILE, RunRecord(**_base(tmp_path)).to_json())
+  writes.write_new(ckpt / RUN_FILE, RunRecord(**_base(tmp_path)).to_json())
   (tmp_path / "data").mkdir()
   rc = RunConfig(workload="resnet50", results_dir=tmp_path / "here")
   assert str(resume.resumed_config(rc, ckpt, {"results_dir"}).results_dir) == str(
@@ -204,7 +204,7 @@ def test_what_cannot_be_resumed_is_one_line(capsys, tmp_path):
 
 # -- one live run per run folder ------------------------------------------------------
 def _lease_of(folder: Path, number: int, record: pending.Record) -> None:
-  storage.write_new(folder / f"lease-{number}.json", record.to_json())
+  writes.write_new(folder / f"lease-{number}.json", record.to_json())
 
 
 def _other_host(age_s: float) -> pending.Record:
@@ -252,7 +252,7 @@ _TAKER = """
 import sys, time
 from pathlib import Path
 from mlbench import errors
-from mlbench.train.lease import Lease
+from mlbench.train.lifecycle.lease import Lease
 go = Path(sys.argv[2])
 Path(sys.argv[3]).touch()
 while not go.exists():

@@ -21,6 +21,7 @@ import pytest
 from mlbench.train import data, evaluate, mesh as mesh_lib, steps
 from mlbench.workload import Split, StepContext
 from workloads import bert, transformer
+from workloads.common import imagenet
 from workloads.resnet50 import WORKLOAD, config, input_pipeline
 
 # The fingerprints of evaluated images, shared with the multi-process evaluation's worker.
@@ -140,7 +141,7 @@ def _evaluate(data_dir, n):
   programs = steps.compile_programs(WORKLOAD, cfg, sched, mesh, StepContext(mesh=mesh),
                                     WORKLOAD.optimizer(cfg, sched))
   state = programs.init_state(3)
-  ds = data.eval_dataset(input_pipeline.files(cfg, data_dir, Split.EVAL),
+  ds = data.eval_dataset(imagenet.files(cfg, data_dir, Split.EVAL),
                          input_pipeline.decode(cfg, Split.EVAL), num_examples=sched.eval_examples,
                          per_host_batch=sched.eval_batch_size, host=0, hosts=1)
   put = lambda b: mesh_lib.to_global(b, programs.batch_sharding, sched.eval_batch_size)

@@ -14,13 +14,13 @@ import time
 import pytest
 from rich.console import Console
 
-from mlbench import pending, results
+from mlbench.storage import pending, results
 from mlbench.mllog import MLLog
-from mlbench.train import checkpoint, filing, lease as lease_lib
+from mlbench.train.lifecycle import checkpoint, filing, lease as lease_lib
 
 _STOP = """
 import os, signal, sys, time
-from mlbench.train import signals
+from mlbench.train.lifecycle import signals
 with signals.StopOnSignals(grace_s=0.5):
   signals.allow_for_saves(2.0, "longest checkpoint save of this run")
   signals.on_timeout(lambda signum: os.write(2, b"the run's last words\\n"))

@@ -14,12 +14,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from mlbench import faults
+from mlbench.storage import faults
 from mlbench.errors import StorageFailed, UserError
 from mlbench.mllog import MLLog
-from mlbench.train import checkpoint, failed_saves, space, steps
+from mlbench.train import steps
+from mlbench.train.lifecycle import checkpoint, failed_saves, space
 from mlbench.train.clock import Clock
-from mlbench.train.loop import RunResult
+from mlbench.train.result import RunResult
 
 
 def _lines(path) -> list[dict]:
@@ -204,8 +205,8 @@ def test_a_log_write_that_fails_stops_the_run_with_its_log_kept_whole(small_disk
 
   from rich.console import Console
 
-  from mlbench import pending, results
-  from mlbench.train import filing, lease as lease_lib
+  from mlbench.storage import pending, results
+  from mlbench.train.lifecycle import filing, lease as lease_lib
 
   root = small_disk(1) / "results"
   bench = results.benchmark_dir(root, "cpu-test", "resnet")

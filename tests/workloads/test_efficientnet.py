@@ -13,6 +13,7 @@ import pytest
 from mlbench import config as config_lib
 from mlbench.train import data, optim
 from mlbench.workload import Split
+from workloads.common import imagenet
 from workloads.efficientnet import config, input_pipeline, model, train
 
 
@@ -47,7 +48,7 @@ def test_a_variant_scales_width_depth_resolution_and_dropout_together():
 
 def test_preprocessing_on_the_digits_records(data_dir):
   cfg = config.mini()
-  files = input_pipeline.files(cfg, data_dir, Split.TRAIN)
+  files = imagenet.files(cfg, data_dir, Split.TRAIN)
   tf = data.tf()
   record = next(iter(tf.data.TFRecordDataset(files[:1])))
   seed = tf.constant([3, 4], tf.int64)

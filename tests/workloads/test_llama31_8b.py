@@ -1,6 +1,6 @@
 """Llama 3.1 specifics: the full model's size, rotary embeddings and grouped-query attention
 against NumPy transcriptions of their formulas, gradient accumulation and the schedule (the
-Megatron indexed-dataset reader: test_llama31_8b_indexed.py)."""
+Megatron indexed-dataset reader and samples: test_llama31_8b_indexed.py)."""
 
 from __future__ import annotations
 
@@ -154,6 +154,7 @@ def test_gradient_accumulation_gives_the_mean_gradient_of_the_whole_batch():
 
 def test_hparams_follow_the_mesh_and_the_official_and_mini_rules():
   from mlbench import compliance, rules
+  from mlbench.storage import paths
   from mlbench.train import mesh as mesh_lib
   from mlbench.train.plan import harness_hparams
   from mlbench.workload import StepContext
@@ -174,7 +175,7 @@ def test_hparams_follow_the_mesh_and_the_official_and_mini_rules():
   assert {h.key for h in mini.hyperparameters} == {h.key for h in official.hyperparameters}
   # The derived checker rules free the scale-pinning keys and keep the optimizer's.
   import yaml
-  derived = compliance.checker_config(mini, compliance._cache_dir()).parent
+  derived = compliance.checker_config(mini, paths.default_cache_dir()).parent
   keys = {r["KEY"]["NAME"]: r["KEY"] for r in yaml.safe_load(
       (derived / "closed_llama31_8b.yaml").read_text()) if "KEY" in r}
   assert "CHECK" not in keys["max_sequence_length"] and "CHECK" not in keys["max_steps"]

@@ -53,7 +53,7 @@ def _megatron_sample_idx(sizes, doc_idx, seq_length, num_samples):
 
 
 def test_reader_reads_files_written_by_hand(tmp_path):
-  from workloads.llama31_8b import indexed
+  from mlbench.datasets import indexed
 
   _write_by_hand(tmp_path / "docs", DOCS)
   ds = indexed.IndexedDataset(tmp_path / "docs")
@@ -67,11 +67,12 @@ def test_reader_reads_files_written_by_hand(tmp_path):
 
 
 def test_evaluation_samples_are_the_documents_in_order_with_one_token_overlap(tmp_path):
-  from workloads.llama31_8b import indexed
+  from mlbench.datasets import indexed
+  from workloads.llama31_8b import samples as gpt
 
   _write_by_hand(tmp_path / "docs", DOCS)
   ds = indexed.IndexedDataset(tmp_path / "docs")
-  samples = indexed.evaluation_samples(ds, seq_length=4, num_samples=5)  # 23 tokens: 5 fit
+  samples = gpt.evaluation_samples(ds, seq_length=4, num_samples=5)  # 23 tokens: 5 fit
   np.testing.assert_array_equal(
       samples.sample_idx, [[0, 0], [0, 4], [2, 0], [2, 4], [4, 1], [5, 3]])
   np.testing.assert_array_equal(samples.sample_idx,
@@ -81,17 +82,18 @@ def test_evaluation_samples_are_the_documents_in_order_with_one_token_overlap(tm
                  [300, 301, 302, 303, 304], [304, 305, 306, 400, 401],
                  [401, 500, 501, 502, 503]]
   with pytest.raises(ValueError, match="need more than"):
-    indexed.evaluation_samples(ds, seq_length=4, num_samples=6)
+    gpt.evaluation_samples(ds, seq_length=4, num_samples=6)
 
 
 def test_training_samples_follow_megatrons_shuffles(tmp_path):
-  from workloads.llama31_8b import indexed
+  from mlbench.datasets import indexed
+  from workloads.llama31_8b import samples as gpt
 
   _write_by_hand(tmp_path / "docs", DOCS)
   ds = indexed.IndexedDataset(tmp_path / "docs")
   sizes = [len(d) for d in DOCS]
   for num_samples, separate in ((9, False), (12, True)):  # 2 and 3 epochs of 23 tokens
-    samples = indexed.training_samples(ds, seq_length=4, num_samples=num_samples, seed=1234)
+    samples = gpt.training_samples(ds, seq_length=4, num_samples=num_samples, seed=1234)
     epochs = 2 if num_samples == 9 else 3
     rng = np.random.RandomState(1234)
     if separate:  # the last epoch's documents shuffled on their own
@@ -157,7 +159,8 @@ def test_harness_reads_examples_in_index_order_split_over_hosts():
 
 def test_examples_read_the_configs_files(tmp_path):
   from mlbench.workload import Split
-  from workloads.llama31_8b import indexed, input_pipeline
+  from mlbench.datasets import indexed
+  from workloads.llama31_8b import input_pipeline
 
   cfg = config.mini()
   folder = input_pipeline.dataset_dir(cfg, tmp_path)

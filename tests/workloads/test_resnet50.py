@@ -10,7 +10,8 @@ import pytest
 from mlbench.datasets import records
 from mlbench.train import data, steps
 from mlbench.workload import Split
-from workloads.resnet50 import WORKLOAD, config, digits, input_pipeline
+from workloads.common import digits, imagenet
+from workloads.resnet50 import WORKLOAD, config, input_pipeline
 
 
 def test_full_model_has_the_published_resnet50_parameter_count():
@@ -22,8 +23,8 @@ def test_full_model_has_the_published_resnet50_parameter_count():
 
 def test_digits_are_written_in_the_imagenet_schema(data_dir):
   cfg = config.mini()
-  train = input_pipeline.files(cfg, data_dir, Split.TRAIN)
-  evals = input_pipeline.files(cfg, data_dir, Split.EVAL)
+  train = imagenet.files(cfg, data_dir, Split.TRAIN)
+  evals = imagenet.files(cfg, data_dir, Split.EVAL)
   assert [p.rsplit("/", 1)[1] for p in train][0] == "train-00000-of-00008" and len(train) == 8
   assert len(evals) == 4
   counts = {s: sum(len(records.examples(p)) for p in f)
@@ -52,7 +53,7 @@ def test_the_eval_split_is_stratified_and_fixed():
 def test_decoded_digits_are_the_source_images(data_dir):
   """Through JPEG, upsampling, central crop and normalisation, each eval image is its digit."""
   cfg = config.mini()
-  ds = data.eval_dataset(input_pipeline.files(cfg, data_dir, Split.EVAL),
+  ds = data.eval_dataset(imagenet.files(cfg, data_dir, Split.EVAL),
                          input_pipeline.decode(cfg, Split.EVAL), num_examples=540,
                          per_host_batch=540, host=0, hosts=1)
   batch = next(data.numpy_batches(ds))

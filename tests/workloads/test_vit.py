@@ -13,7 +13,7 @@ import pytest
 from mlbench import config as config_lib
 from mlbench.train import data
 from mlbench.workload import Split
-from workloads.common import randaugment as ra
+from workloads.common import imagenet, randaugment as ra
 from workloads.vit import config, input_pipeline, model, train
 
 
@@ -86,7 +86,7 @@ def test_mixup_mixes_each_example_with_its_neighbour():
 def digit(data_dir):
   """A real training digit as a uint8 image, and its TFRecord."""
   tf = data.tf()
-  files = input_pipeline.files(config.mini(), data_dir, Split.TRAIN)
+  files = imagenet.files(config.mini(), data_dir, Split.TRAIN)
   record = next(iter(tf.data.TFRecordDataset(files[:1])))
   features = tf.io.parse_single_example(record, {"image/encoded": tf.io.FixedLenFeature([],
                                                                                      tf.string)})

@@ -18,7 +18,7 @@ import functools
 import platform
 from pathlib import Path
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.datasets import records
 from mlbench.train import data
 from workloads.bert import pretraining_data as ptd

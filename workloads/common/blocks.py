@@ -18,7 +18,12 @@ import jax
 import jax.numpy as jnp
 
 from mlbench.train.layers import BatchNorm, batch_norm
-from workloads.resnet50.config import Stem
+from workloads.common.conv import Stem
+
+
+he_normal = nn.initializers.variance_scaling(2.0, "fan_in", "truncated_normal")
+"""Keras' 'he_normal': a normal truncated at two standard deviations, scaled to variance
+2 / fan_in (the ResNet-50 reference's kernel initializer, for its blocks and BoT50's)."""
 
 
 def conv_and_norm(cfg: Any, *, train: bool, groups: int, kernel_init: Callable[..., Any],

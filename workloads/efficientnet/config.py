@@ -14,7 +14,7 @@ import enum
 
 from mlbench.fields import (DType, EpochConfig, LrScaling, at_least, fraction, positive,
                             provisional, require)
-from workloads.resnet50.config import Source, image_records
+from workloads.common.imagenet import Source, image_records
 
 
 class Variant(enum.Enum):
@@ -85,7 +85,7 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-  """ImageNet TFRecords (the files resnet50 reads) with EfficientNet's preprocessing
+  """ImageNet TFRecords (workloads.common.imagenet) with EfficientNet's preprocessing
   (preprocessing.py): an Inception-style crop of the whole image, bicubic resize and
   flip for training; a central crop of 87.5% of the shorter side for evaluation."""
 
@@ -177,7 +177,7 @@ def full() -> EfficientNetConfig:
 
 def mini() -> EfficientNetConfig:
   """A quarter-width, quarter-depth B0 (one MBConv per stage, 7 in all) on the
-  digits that resnet50's mini config generates (1,257 train, 540 held out, stored at
+  digits (workloads.common.digits: 1,257 train, 540 held out, stored at
   32x32), read through the same EfficientNet preprocessing at 32x32: crops keep at
   least half of the digit and are not flipped (a flipped 2 is no 2). Faster-moving
   batch-norm statistics (momentum 0.9) and no drop-connect suit its 200 steps; no

@@ -1,5 +1,5 @@
-"""ImageNet TFRecords (the files and the digits mini data resnet50 reads) with
-EfficientNet's preprocessing (tensorflow/tpu models/official/efficientnet
+"""ImageNet TFRecords (`workloads.common.imagenet`: the files, and the digits of the mini
+config) with EfficientNet's preprocessing (tensorflow/tpu models/official/efficientnet
 preprocessing.py).
 
 Training: `sample_distorted_bounding_box` over the whole image (the record's boxes
@@ -19,12 +19,8 @@ import numpy as np
 
 from mlbench.train import data
 from mlbench.workload import Split
+from workloads.common import imagenet
 from workloads.efficientnet.config import EfficientNetConfig
-from workloads.resnet50 import digits, input_pipeline as imagenet
-
-
-files = imagenet.files  # resnet50's: ImageNet TFRecords, or the digits under data_dir
-prepare = digits.prepare  # writes the digits resnet50's mini config reads, once
 
 
 def _resize(image: Any, size: int) -> Any:

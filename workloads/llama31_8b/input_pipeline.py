@@ -5,8 +5,8 @@ Llama 3.1 tokenizer into `.bin`/`.idx` pairs (README section 3): it trains on
 `c4-train.en_6_text_document` and evaluates on the first 1,024 samples, unshuffled,
 of `c4-validation-91205-samples.en_text_document`. Point --data-dir at the folder
 holding both pairs. Training samples are shuffled with the run's seed, as the
-reference seeds its dataset with each run's seed. See `indexed.py` for the format
-and the sample construction.
+reference seeds its dataset with each run's seed. See `mlbench.datasets.indexed` for
+the format and `samples.py` for the sample construction.
 
 Every example is one int32 feature `tokens` of seq_length + 1 ids: the model reads
 ids [0, L) and predicts ids [1, L].
@@ -19,12 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from mlbench import paths
+from mlbench.datasets import indexed
+from mlbench.storage import paths
 from mlbench.errors import UserError
 from mlbench.train import data
-from mlbench.workload import Split
+from mlbench.workload import DataCheck, Split
 from workloads.common import llm
-from workloads.llama31_8b import indexed
+from workloads.llama31_8b.samples import GptSamples, evaluation_samples, training_samples
 from workloads.llama31_8b.config import LlamaConfig, Source
 
 TOKENS = "tokens"
@@ -60,7 +61,7 @@ def files(cfg: LlamaConfig, data_dir: Path, split: Split) -> list[str]:
 class TokenExamples:
   """Samples as the harness's examples: {"tokens": int32[seq_length + 1]}."""
 
-  samples: indexed.GptSamples
+  samples: GptSamples
 
   def __len__(self) -> int:
     return len(self.samples)
@@ -82,11 +83,21 @@ def examples(cfg: LlamaConfig, data_dir: Path, split: Split, seed: int) -> Token
     raise UserError(f"{e}; point --data-dir at Megatron .bin/.idx files") from None
   length = cfg.data.seq_length
   if split is Split.EVAL:
-    return TokenExamples(indexed.evaluation_samples(dataset, length, cfg.data.eval_examples))
+    return TokenExamples(evaluation_samples(dataset, length, cfg.data.eval_examples))
   # The reference builds its index for max_steps x batch samples (num_train_samples),
   # whatever a run's budget: the epoch count, and so the order, follow from it.
   wanted = cfg.optimizer.max_steps * cfg.global_batch_size
-  return TokenExamples(indexed.training_samples(dataset, length, wanted, seed))
+  return TokenExamples(training_samples(dataset, length, wanted, seed))
+
+
+def verify(cfg: LlamaConfig, folder: Path, full: bool) -> list[DataCheck]:
+  """`InputSpec.verify` (`mlbench data verify c4`): the two Megatron datasets this config
+  reads, and any other in `folder`, parse and hold exactly the tokens their index lists."""
+  del full  # The index and the .bin's size say it all; no token is read.
+  reads = {cfg.data.train_prefix, cfg.data.eval_prefix}
+  names = {p.name[:-len(".idx")] for p in folder.glob("*_text_document.idx")} | reads
+  return [(name, "read by llama31_8b" if name in reads else "extra",
+           *indexed.check(folder / name, required=name in reads)) for name in sorted(names)]
 
 
 def synthetic_batch(cfg: LlamaConfig, split: Split, batch_size: int,

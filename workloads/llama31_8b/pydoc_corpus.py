@@ -11,7 +11,7 @@ document is written as its ids followed by `<|endoftext|>` (NeMo's --append-eod,
 the reference's C4 does without: the mini's own choice, which keeps its short documents
 apart), into `train_text_document.{bin,idx}` and `validation_text_document.{bin,idx}` with
 `tokenizer.json` beside them. Samples are then built from these files exactly as from
-the reference's C4 (`indexed.py`). Written once, atomically; later runs reuse it.
+the reference's C4 (`samples.py`). Written once, atomically; later runs reuse it.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mlbench import paths
+from mlbench.datasets import indexed
+from mlbench.storage import paths
 from mlbench.train import data
 from workloads.common import llm
-from workloads.llama31_8b import indexed
 from workloads.llama31_8b.config import LlamaConfig, Source
 from workloads.llama31_8b.input_pipeline import dataset_dir
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.train import data
 from mlbench.workload import Split
 from workloads.common import llm

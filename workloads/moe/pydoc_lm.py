@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.datasets import records
 from mlbench.train import data
 from workloads.common import llm

@@ -9,6 +9,7 @@ from mlbench.convention import from_package
 
 WORKLOAD = from_package(
     __name__, benchmark="resnet", quality_metric="accuracy",
-    elsewhere={"prepare": "digits", "compute": "workloads.common.classify"},
+    elsewhere={"files": "workloads.common.imagenet", "prepare": "workloads.common.digits",
+               "compute": "workloads.common.classify"},
     spatial_inputs=("image",),  # `--mesh data=N,spatial=M` splits every image by height
 )

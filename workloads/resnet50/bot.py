@@ -27,7 +27,7 @@ import numpy as np
 
 from mlbench.fields import AttentionImpl
 from mlbench.train import attention
-from workloads.common.blocks import ResidualBlock, shortcut
+from workloads.common.blocks import ResidualBlock, he_normal, shortcut
 
 
 def relative_logits(q_BNHWD: jax.Array, rel_h: jax.Array, rel_w: jax.Array) -> jax.Array:
@@ -76,10 +76,8 @@ class BoTBlock(ResidualBlock):
 
   @nn.compact
   def __call__(self, x_BHWC: jax.Array, train: bool) -> jax.Array:
-    from workloads.resnet50.model import conv_init  # here: model.py imports this module
-
     dtype = jnp.dtype(self.cfg.dtype.value)
-    conv, norm = self.conv_and_norm(train, conv_init)
+    conv, norm = self.conv_and_norm(train, he_normal)  # the ResNet's convolutions'
     y = nn.relu(norm(name="bn1")(conv(self.width, (1, 1), name="conv1")(x_BHWC)))
     y = RelativeSelfAttention(self.cfg.attention_heads, dtype, self.cfg.attention,
                               name="mhsa")(y)

@@ -10,14 +10,9 @@ import dataclasses
 import enum
 
 from mlbench.fields import (AttentionImpl, DType, EpochConfig, LrScaling, at_least, fraction,
-                            interval, positive, require, switch)
-
-
-class Stem(enum.Enum):
-  """The layers before the first residual stage."""
-
-  IMAGENET = "imagenet"  # 7x7/2 convolution, 3x3/2 max pool (ResNet-50 v1.5).
-  SMALL = "small"        # 3x3/1 convolution, no pool, for tiny images.
+                            positive, require, switch)
+from workloads.common.conv import Stem
+from workloads.common.imagenet import Source, image_records
 
 
 class Block(enum.Enum):
@@ -30,17 +25,6 @@ class Block(enum.Enum):
 class Optimizer(enum.Enum):
   LARS = "lars"
   SGD = "sgd"
-
-
-class Source(enum.Enum):
-  """Where the TFRecords come from."""
-
-  IMAGENET = "imagenet"  # ILSVRC-2012 converted by imagenet_to_gcs.py (supplied by you).
-  DIGITS = "digits"      # scikit-learn's handwritten digits, written by mlbench.
-
-
-DIGITS_SPLIT = (1257, 540)
-"""Training and held-out images of scikit-learn's 1,797 digits (`digits.split`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,18 +81,6 @@ class DataConfig:
     require(self.eval_resize >= self.image_size, "eval_resize",
             f"{self.eval_resize} is below image_size ({self.image_size}), which evaluation "
             "crops from it; set image_size or more", "image_size")
-
-
-def image_records(d) -> None:
-  """The checks of a DataConfig that reads these ImageNet records (resnet50's, and those of
-  the vision workloads that read the same files): its counts, its random crop's ranges,
-  and the digits' fixed split."""
-  at_least(d, 1, "train_examples", "eval_examples")
-  interval(d, "crop_area", 0, 1)
-  interval(d, "crop_aspect", 0)
-  require(d.source is not Source.DIGITS or (d.train_examples, d.eval_examples) == DIGITS_SPLIT,
-          "train_examples", f"the digits hold {DIGITS_SPLIT[0]} training and {DIGITS_SPLIT[1]} "
-          f"held-out images, not {d.train_examples} and {d.eval_examples}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,51 +1,24 @@
-"""ImageNet TFRecords, decoded with the MLPerf reference preprocessing.
-
-Schema (imagenet_to_gcs.py): `image/encoded` (JPEG), `image/class/label`
-(1..1000), `image/object/bbox/{ymin,xmin,ymax,xmax}`; files `train-?????-of-01024`
-and `validation-?????-of-00128`. Training: a crop sampled around the boxes
-(`sample_distorted_bounding_box`, min. 10% of the box covered), fused
-decode-and-crop, random flip, bilinear resize; evaluation: aspect-preserving
-resize of the shorter side, central crop. Then the mean (and stddev) per
-channel. The mini config's digits use exactly this code with other values.
-All randomness is stateless, seeded per example by the harness.
+"""ImageNet TFRecords (`workloads.common.imagenet`: the schema, the files, the digits of
+the mini config), decoded with the MLPerf reference preprocessing. Training: a crop
+sampled around the record's boxes (`image/object/bbox/*`; `sample_distorted_bounding_box`,
+min. 10% of the box covered), fused decode-and-crop, random flip, bilinear resize;
+evaluation: aspect-preserving resize of the shorter side, central crop. Then the mean
+(and stddev) per channel. The mini config's digits use exactly this code with other
+values. All randomness is stateless, seeded per example by the harness.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mlbench import paths
 from mlbench.train import data
 from mlbench.workload import Split
-from workloads.resnet50.config import ResNetConfig, Source
+from workloads.resnet50.config import ResNetConfig
 
-DIGITS_DIR = "resnet50-digits"
 _BOX_KEYS = ("image/object/bbox/ymin", "image/object/bbox/xmin",
              "image/object/bbox/ymax", "image/object/bbox/xmax")
-
-
-def dataset_dir(cfg: ResNetConfig, data_dir: Path) -> Path:
-  return data_dir / DIGITS_DIR if cfg.data.source is Source.DIGITS else data_dir
-
-
-def files(cfg: ResNetConfig, data_dir: Path, split: Split) -> list[str]:
-  prefix = "train" if split is Split.TRAIN else "validation"
-  return data.find_files(
-      dataset_dir(cfg, paths.path(data_dir)), (f"{prefix}-*-of-*",),
-      generated=cfg.data.source is Source.DIGITS,
-      supplied="point --data-dir at the ImageNet TFRecords written by imagenet_to_gcs.py")
-
-
-def parse_image(record: Any) -> dict[str, Any]:
-  """The encoded image and label of a record (what the vision workloads that read these
-  records without their boxes need)."""
-  tf = data.tf()
-  return tf.io.parse_single_example(record, {
-      "image/encoded": tf.io.FixedLenFeature([], tf.string),
-      "image/class/label": tf.io.FixedLenFeature([], tf.int64)})
 
 
 def _parse(record: Any) -> dict[str, Any]:

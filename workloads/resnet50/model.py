@@ -2,7 +2,9 @@
 
 The full config is ResNet-50: stages (3, 4, 6, 3) of width 64..512, 1000
 classes, 25,557,032 trainable parameters; `--set model.block=bottleneck_transformer`
-makes it BoT50 (bot.py). Shape legend: B batch, H/W spatial,
+makes it BoT50 (bot.py). Convolutions start from Keras' 'he_normal', the reference's
+kernel_initializer (mlcommons/training retired_benchmarks/resnet-tf2/tensorflow2/
+resnet_model.py L115, L132, L147, L307). Shape legend: B batch, H/W spatial,
 C channels, K classes.
 """
 
@@ -12,14 +14,9 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from workloads.common.blocks import ResidualBlock, resnet_stem, shortcut
+from workloads.common.blocks import ResidualBlock, he_normal, resnet_stem, shortcut
 from workloads.resnet50.bot import BoTBlock
 from workloads.resnet50.config import Block, ModelConfig
-
-# Keras 'he_normal', the reference's kernel_initializer (mlcommons/training
-# retired_benchmarks/resnet-tf2/tensorflow2/resnet_model.py L115, L132, L147, L307):
-# a normal truncated at two standard deviations, scaled to variance 2 / fan_in.
-conv_init = nn.initializers.variance_scaling(2.0, "fan_in", "truncated_normal")
 
 
 def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
@@ -36,7 +33,7 @@ class Bottleneck(ResidualBlock):
 
   @nn.compact
   def __call__(self, x_BHWC: jnp.ndarray, train: bool) -> jnp.ndarray:
-    conv, norm = self.conv_and_norm(train, conv_init)
+    conv, norm = self.conv_and_norm(train, he_normal)
     y = nn.relu(norm(name="bn1")(conv(self.width, (1, 1), name="conv1")(x_BHWC)))
     pad = (same_padding(y.shape[1], 3, self.strides), same_padding(y.shape[2], 3, self.strides))
     y = conv(self.width, (3, 3), strides=self.strides, padding=pad, name="conv2")(y)
@@ -61,7 +58,7 @@ class ResNet(nn.Module):
     dtype = jnp.dtype(cfg.dtype.value)
     x = resnet_stem(
         x_BHWC.astype(dtype), cfg, width=cfg.width, train=train, groups=self.bn_groups,
-        kernel_init=conv_init,
+        kernel_init=he_normal,
         pool_padding=lambda x: (same_padding(x.shape[1], 3, 2), same_padding(x.shape[2], 3, 2)))
     for stage, count in enumerate(cfg.stage_sizes):
       last = stage == len(cfg.stage_sizes) - 1

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.errors import UserError
 from workloads.ssd.config import ModelConfig
 

@@ -16,9 +16,9 @@ import dataclasses
 import enum
 
 from mlbench.fields import DType, EpochConfig, at_least, fraction, positive, require, same_length
-# resnet50's: IMAGENET (7x7/2 convolution, 3x3/2 max pool, torchvision's ResNet-34 here) or
+# The ResNet stem: IMAGENET (7x7/2 convolution, 3x3/2 max pool, torchvision's ResNet-34 here) or
 # SMALL (3x3/1 convolution, no pool, for tiny images); workloads.common.blocks builds it.
-from workloads.resnet50.config import Stem
+from workloads.common.conv import Stem
 
 
 class Source(enum.Enum):

@@ -11,5 +11,5 @@ from mlbench.convention import from_package
 
 WORKLOAD = from_package(
     __name__, benchmark="transformer", quality_metric="bleu",
-    also=("prepare", "bind", "keep", "host"),
+    also=("prepare", "bind", "keep", "host", "verify"),
 )

@@ -30,12 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.datasets import records
 from mlbench.train import data
 from workloads.transformer import vocab
 from workloads.transformer.config import Source, TransformerConfig
-from workloads.transformer.input_pipeline import dataset_dir
 
 SEED = 2020
 LOCALES = ("en", "de")
@@ -134,14 +133,13 @@ def pairs(count: int, seed: int = SEED, keep: Callable[[str, str], bool] = lambd
   return list(out.items())
 
 
-def prepare(cfg: TransformerConfig, data_dir: Path) -> None:
-  """Writes the CLDR TFRecords under `data_dir` unless they are already there.
-
-  Does nothing for configs that read the MLPerf WMT data, which must be supplied.
-  """
+def prepare(cfg: TransformerConfig, folder: Path) -> None:
+  """Writes the CLDR TFRecords into `folder` (`input_pipeline.dataset_dir`) unless they are
+  already there. Does nothing for configs that read the MLPerf WMT data, which must be
+  supplied."""
   if cfg.data.source is not Source.CLDR:
     return
-  data.write_dataset(dataset_dir(cfg, paths.path(data_dir)), functools.partial(_write, cfg))
+  data.write_dataset(paths.path(folder), functools.partial(_write, cfg))
 
 
 def _examples(tok, rows: list[tuple[str, str]]) -> Iterator[dict[str, np.ndarray]]:

@@ -12,16 +12,17 @@ evaluation sentence longer than that would be cut.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.errors import UserError
 from mlbench.train import data
-from mlbench.workload import Split
+from mlbench.workload import DataCheck, Split
 from workloads.transformer import newstest, vocab
 from workloads.transformer.config import Source, TransformerConfig
 
@@ -69,6 +70,31 @@ def record_format(path: str) -> str | None:
   return None
 
 
+def verify(cfg: TransformerConfig, folder: Path, full: bool) -> list[DataCheck]:
+  """`InputSpec.verify` (`mlbench data verify wmt`): which form the training records are
+  (packed or one pair each, never both: the epoch is their count), and the raw
+  newstest2014 the reference scores BLEU on (`newstest.checks`)."""
+  train = sorted(p for p in folder.glob(_GLOBS[Split.TRAIN])
+                 if not p.name.startswith(".") and (paths.is_remote(p) or p.is_file()))
+  forms = collections.Counter(_readable_format(p) for p in train)
+  forms.pop(None, None)  # empty files
+  forms.pop("unreadable", None)  # the schema row of `mlbench data verify` names the file
+  found = ", ".join(f"{k} ({v} files)" for k, v in sorted(forms.items())) or "no records"
+  form = ("train form", "packed or unpacked, not both", found,
+          (len(forms) == 1 and "partial" not in forms) if forms else None)
+  return [form, *newstest.checks(folder, cfg.data.eval_examples, full)]
+
+
+def _readable_format(path: Path) -> str | None:
+  """`record_format`, or "unreadable" for a file that is no TFRecord file."""
+  from google.protobuf.message import DecodeError
+
+  try:
+    return record_format(str(path))
+  except (data.tf().errors.OpError, DecodeError):
+    return "unreadable"
+
+
 def _check_format(cfg: TransformerConfig, data_dir: Path) -> None:
   """The training records are the form `data.packed` says, or its epoch size is wrong."""
   first = files(cfg, data_dir, Split.TRAIN)[0]
@@ -100,7 +126,7 @@ def prepare(cfg: TransformerConfig, data_dir: Path) -> None:
   if cfg.data.source is Source.CLDR:
     from workloads.transformer import cldr
 
-    cldr.prepare(cfg, paths.path(data_dir))
+    cldr.prepare(cfg, dataset_dir(cfg, paths.path(data_dir)))
     return
   folder = paths.path(data_dir)
   have = [(folder / n).is_file() for n in (newstest.SOURCE, newstest.REFERENCE)]

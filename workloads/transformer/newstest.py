@@ -28,6 +28,7 @@ from etils import epath
 
 from mlbench.datasets import records
 from mlbench.errors import UserError
+from mlbench.workload import DataCheck
 from workloads.transformer import vocab
 from workloads.transformer.config import TransformerConfig
 
@@ -46,6 +47,21 @@ def source_lines(path: Path) -> list[str]:
 def reference_lines(path: Path) -> list[str]:
   """The reference translations, as compute_bleu.py L85 reads them."""
   return epath.Path(path).read_text(encoding="utf-8").strip().splitlines()
+
+
+def checks(folder: Path, eval_examples: int, full: bool) -> list[DataCheck]:
+  """The raw newstest2014.en and .de in a prepared WMT folder hold `eval_examples`
+  sentences each; with `full`, the md5 that verify_dataset.sh checks too."""
+  rows = []
+  for name, read in ((SOURCE, source_lines), (REFERENCE, reference_lines)):
+    path = folder / name
+    lines = len(read(path)) if path.is_file() else None
+    rows.append((name, f"{eval_examples:,} sentences", "missing" if lines is None else
+                 f"{lines:,}", lines == eval_examples))
+    if full and lines is not None:
+      digest = hashlib.md5(path.read_bytes()).hexdigest()
+      rows.append((f"{name} md5", MD5[name], digest, digest == MD5[name]))
+  return rows
 
 
 def raw_files(data_dir: Path, eval_examples: int) -> tuple[Path, Path]:

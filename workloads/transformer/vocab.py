@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from mlbench import paths
+from mlbench.storage import paths
 
 PAD, EOS, UNK = 0, 1, 2
 SPECIAL = ("<pad>", "<EOS>", "<unk>")

@@ -16,7 +16,7 @@ import dataclasses
 import enum
 
 from mlbench.fields import AttentionImpl, DType, EpochConfig, LrScaling, at_least, fraction, positive, require
-from workloads.resnet50.config import Source, image_records
+from workloads.common.imagenet import Source, image_records
 
 
 class Variant(enum.Enum):
@@ -76,7 +76,7 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-  """ImageNet TFRecords (the files resnet50 reads) with big_vision's preprocessing:
+  """ImageNet TFRecords (workloads.common.imagenet) with big_vision's preprocessing:
   `decode_jpeg_and_inception_crop(224)|flip_lr|randaug(2,10)|value_range(-1, 1)` for
   training, `decode|resize_small(256)|central_crop(224)|value_range(-1, 1)` for
   evaluation."""
@@ -147,7 +147,7 @@ def full() -> ViTConfig:
 
 def mini() -> ViTConfig:
   """A 4-layer, 64-wide ViT with 8x8 patches (a 4x4 grid, each patch 2x2 of the
-  original 8x8 pixels) on the digits that resnet50's mini config generates (stored at
+  original 8x8 pixels) on the digits (workloads.common.digits, stored at
   32x32): inception crops of at least 80% of the image resized to 32x32, no flip, Mixup
   0.2, Adam at 2e-3 after 40 warmup steps, cosine over 30 epochs. A ViT learns these
   1,257 images slowly; 4x4 patches (64 tokens) cost 12 times as much per epoch, and

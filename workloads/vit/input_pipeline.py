@@ -1,5 +1,5 @@
-"""ImageNet TFRecords (the files and digits mini data resnet50 reads) with big_vision's
-ViT preprocessing (big_vision/pp/ops_image.py).
+"""ImageNet TFRecords (`workloads.common.imagenet`: the files, and the digits of the mini
+config) with big_vision's ViT preprocessing (big_vision/pp/ops_image.py).
 
 Training, `decode_jpeg_and_inception_crop(224)|flip_lr|randaug(2,10)`: a crop of 5-100%
 of the image with aspect 3/4-4/3 (`sample_distorted_bounding_box` without boxes or a
@@ -18,13 +18,9 @@ import numpy as np
 
 from mlbench.train import data
 from mlbench.workload import Split
+from workloads.common import imagenet
 from workloads.common.randaugment import randaugment
-from workloads.resnet50 import digits, input_pipeline as imagenet
 from workloads.vit.config import ViTConfig
-
-
-files = imagenet.files  # resnet50's: ImageNet TFRecords, or the digits under data_dir
-prepare = digits.prepare  # writes the digits resnet50's mini config reads, once
 
 
 def _to_uint8(image: Any) -> Any:

@@ -13,11 +13,11 @@ on as if nothing had happened:
            `step` batches
 
 The checkpoint folder also holds `run.json`, written once when the run
-starts (`mlbench.train.runrecord`), so `--resume` repeats it exactly, and the
-lease of the live run that owns it (`mlbench.train.lease`). Every process saves
+starts (`mlbench.train.lifecycle.runrecord`), so `--resume` repeats it exactly, and the
+lease of the live run that owns it (`mlbench.train.lifecycle.lease`). Every process saves
 its own shards into the same folder, which may be a bucket (`gs://...`) every
 host writes to; orbax's multi-host protocol has process 0 commit the step once
-all have written. Restoring (`mlbench.train.restore`) reshards onto whatever mesh
+all have written. Restoring (`mlbench.train.lifecycle.restore`) reshards onto whatever mesh
 the resumed run has (a smaller pod after a failure) and skips a damaged checkpoint.
 
 Each save's full duration (until orbax commits it) is measured: a stop by signal allows
@@ -34,21 +34,23 @@ import pathlib
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.errors import UserError
-from mlbench.train import failed_saves, restore as restore_lib, signals
-from mlbench.train.restore import abstract_state, continue_clock, read_meta, restore
-from mlbench.train.runrecord import FINISHED_FILE, RUN_FILE, RunRecord, find_run
+from mlbench.train.lifecycle import failed_saves, restore as restore_lib, signals
+from mlbench.train.lifecycle.restore import abstract_state, continue_clock, manager, restore
 
-__all__ = ["FINISHED_FILE", "RUN_FILE", "RunRecord", "RunSaver", "abstract_state",
-           "continue_clock", "find_run", "read_meta", "restore"]
+if TYPE_CHECKING:
+  from mlbench.mllog import MLLog
+  from mlbench.train.clock import Clock
+  from mlbench.train.result import RunResult
+  from mlbench.train.plan import Plan
+  from mlbench.train.steps import Programs
+
 SAVE_RATE = 100e6  # bytes/s a first save is assumed to write, until one is measured
-
-ITEMS = ("state", "sums", "meta")
 
 
 @dataclasses.dataclass
@@ -66,36 +68,6 @@ class _Snapshot:
   taken: float
 
 
-def _array_handlers() -> Any:
-  """Array handling without replica-parallel saving.
-
-  orbax's default splits each replicated array across its replicas so that
-  they write in parallel; the slicing compiles one XLA program per array shape,
-  inside `save()`: the first save of the ResNet-50 mini stalled the step loop
-  for 22 s (a 100-shape pytree: 106 s, against 0.17 s without it). One replica
-  writing each array is what a data-parallel pod wants anyway.
-  """
-  import orbax.checkpoint as ocp
-
-  registry = ocp.type_handlers.create_type_handler_registry(
-      (jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False)))
-  return ocp.PyTreeCheckpointHandler(type_handler_registry=registry)
-
-
-def manager(directory: paths.Path, on_saved: Callable[[], None] | None = None) -> Any:
-  """The run's orbax CheckpointManager; `on_saved` runs when a save is committed."""
-  import orbax.checkpoint as ocp
-
-  options = ocp.CheckpointManagerOptions(
-      enable_async_checkpointing=True, create=True,
-      preservation_policy=ocp.checkpoint_managers.LatestN(n=2),
-      async_options=ocp.AsyncOptions(post_finalization_callback=on_saved))
-  return ocp.CheckpointManager(
-      paths.resolve(directory), options=options, item_names=ITEMS,
-      item_handlers={"state": _array_handlers(), "sums": _array_handlers(),
-                     "meta": ocp.JsonCheckpointHandler()})
-
-
 class Checkpoints:
   """The checkpoints of one run.
 
@@ -106,7 +78,7 @@ class Checkpoints:
     log_path: the run's log on process 0, a local file (None elsewhere).
   """
 
-  def __init__(self, directory: paths.Path, every: int, clock: Any, result: Any,
+  def __init__(self, directory: paths.Path, every: int, clock: Clock, result: RunResult,
                log_path: pathlib.Path | None, say: Callable[[str], None] | None = None):
     self.directory = paths.path(directory)
     self._every = every
@@ -253,11 +225,12 @@ class RunSaver:
     for line in restore_lib.report(self.directory, damaged, step) if self._leader else []:
       self._say(line)
 
-  def continue_clock(self, clock: Any, result: Any) -> None:
+  def continue_clock(self, clock: Clock, result: RunResult) -> None:
     self._result = result
     continue_clock(clock, result, self.meta)
 
-  def restore(self, plan: Any, programs: Any, clock: Any, log: Any) -> tuple[Any, int, Any]:
+  def restore(self, plan: Plan, programs: Programs, clock: Clock,
+              log: MLLog) -> tuple[Any, int, Any]:
     """(state, step, sums) of the newest usable checkpoint, on this run's mesh; logs the
     resume."""
     from mlbench.train import steps
@@ -281,8 +254,8 @@ class RunSaver:
         "lost_s": round(clock.marks["resume_start"] - got.meta["taken"], 3)}, time_ms=t)
     return state, got.step, sums
 
-  def _restorable(self, abstract: Any, sums_sharding: Any, clock: Any,
-                  log: Any) -> restore_lib.Restored:
+  def _restorable(self, abstract: Any, sums_sharding: Any, clock: Clock,
+                  log: MLLog) -> restore_lib.Restored:
     """The checkpoint chosen at the start, or (its arrays damaged) the newest older one
     that reads back whole, with the log and clock put back to that one."""
     step, damaged = self.step, []
@@ -305,7 +278,7 @@ class RunSaver:
       self._rewind(got.meta, clock, log)
     return got
 
-  def _rewind(self, meta: dict[str, Any], clock: Any, log: Any) -> None:
+  def _rewind(self, meta: dict[str, Any], clock: Clock, log: MLLog) -> None:
     """The run continues from an older checkpoint than the one its log and clock were
     continued from: cut the log back to that checkpoint's (a prefix of it), and redo
     the clock."""
@@ -321,7 +294,7 @@ class RunSaver:
       os.truncate(log.path, len(prefix))
     self.meta = meta
 
-  def start(self, clock: Any, result: Any, log: Any) -> None:
+  def start(self, clock: Clock, result: RunResult, log: MLLog) -> None:
     """Begins saving (after the state exists and the clock runs)."""
     self._ckpts = Checkpoints(self.directory, self.every, clock, result, log.path, say=self._say)
 

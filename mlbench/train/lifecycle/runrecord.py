@@ -1,7 +1,7 @@
 """The record of a run, `run.json`: what `--resume` continues, and finding it.
 
 Written once, when a run that checkpoints starts, into its checkpoint folder: every
-setting that changes training or the result (see `mlbench.train.resume` for what a
+setting that changes training or the result (see `mlbench.train.lifecycle.resume` for what a
 resumed run may and may not change). Light on purpose (no JAX).
 """
 
@@ -12,10 +12,13 @@ import hashlib
 import json
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.errors import UserError
+
+if TYPE_CHECKING:
+  from mlbench.train.plan import Plan
 
 RUN_FILE = "run.json"
 FINISHED_FILE = "finished.json"
@@ -86,7 +89,7 @@ def digest(config: str | None) -> str | None:
   return hashlib.sha256(Path(config).read_bytes()).hexdigest()
 
 
-def new_record(plan: Any, run_id: str, seeds: tuple[int, ...], index: int) -> RunRecord:
+def new_record(plan: Plan, run_id: str, seeds: tuple[int, ...], index: int) -> RunRecord:
   """The record of a run of `plan` (a `mlbench.train.plan.Plan`) starting now."""
   from mlbench import config as config_lib
 

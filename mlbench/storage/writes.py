@@ -36,7 +36,7 @@ from collections.abc import Iterator
 
 from etils import epath
 
-from mlbench import faults, paths
+from mlbench.storage import faults, paths
 from mlbench.errors import UserError
 
 

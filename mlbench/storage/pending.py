@@ -7,11 +7,11 @@ benchmark folder, beside a record of the run, `pending_<pid>_<run id>.json`:
 
 which a thread of the run rewrites every `HEARTBEAT_S` seconds (`heartbeat`,
 Unix time; the same record and judgement keep a run folder's lease,
-`mlbench.train.lease`). An object in a bucket cannot be appended to, so there the
+`mlbench.train.lifecycle.lease`). An object in a bucket cannot be appended to, so there the
 run logs into a local file and every heartbeat uploads it as the pending log.
 
 A run that ends publishes its log as the lowest free `result_<i>.txt`
-(`storage.write_new`: never clobbers, never partial, distinct numbers for runs
+(`writes.write_new`: never clobbers, never partial, distinct numbers for runs
 finishing at once); one stopped early shelves it into its run folder as
 `partial.log`. A results folder may be shared by hosts (NFS, gcsfuse, a bucket),
 so before `mlbench run` tidies one it judges each pending log by whose it is:
@@ -19,7 +19,7 @@ so before `mlbench run` tidies one it judges each pending log by whose it is:
 - this host's (the same boot and PID namespace): abandoned once its process is
   gone (a pid reused since is told apart by the process's start time);
 - another host's: abandoned only when its heartbeat is older than the run's
-  `--stale-after` limit (`STALE_AFTER_S` by default): a live run elsewhere is safe;
+  `--stale-after` limit (`mlbench.config.STALE_AFTER_S` by default): a live run elsewhere is safe;
 - a log without a record (from mlbench before records): by the pid in its name.
 Every tidy says what it did with each pending log it found.
 """
@@ -41,10 +41,9 @@ from collections.abc import Callable
 
 from etils import epath
 
-from mlbench import paths, results, storage
+from mlbench.storage import paths, results, writes
 
 HEARTBEAT_S = 30.0
-STALE_AFTER_S = 1800.0  # 30 min: far above a heartbeat, and above any checkpoint interval.
 PARTIAL_LOG = "partial.log"
 """What an interrupted run's log is called inside its run folder."""
 _NAME = re.compile(r"pending_(\d+)_([0-9a-f]{8})\.(log|json)")
@@ -166,7 +165,7 @@ def read_record(p: epath.Path) -> Record | None:
     return None
 
 
-def scan(folder: paths.PathLike, *, stale_after: float = STALE_AFTER_S) -> list[Pending]:
+def scan(folder: paths.PathLike, *, stale_after: float) -> list[Pending]:
   """The pending logs (and lone records) in a benchmark folder, each judged."""
   folder = paths.path(folder)
   try:
@@ -210,7 +209,7 @@ def publish(src: pathlib.Path, folder: paths.PathLike) -> epath.Path:
     os.fsync(f.fileno())
   taken = {p.name for p in results.result_files(folder)}
   i = 0
-  while f"result_{i}.txt" in taken or not storage.write_new(folder / f"result_{i}.txt",
+  while f"result_{i}.txt" in taken or not writes.write_new(folder / f"result_{i}.txt",
                                                             src=src):
     i += 1
   return folder / f"result_{i}.txt"
@@ -224,10 +223,10 @@ def shelve(src: paths.PathLike, folder: paths.PathLike) -> epath.Path:
   local = None if paths.is_remote(src) else src
   data = None if local is not None else paths.path(src).read_bytes()
   dst, i = folder / PARTIAL_LOG, 0
-  while not storage.write_new(dst, data, src=local):
+  while not writes.write_new(dst, data, src=local):
     i += 1
     dst = folder / f"partial_{i}.log"
-  storage.remove(src)
+  writes.remove(src)
   return dst
 
 
@@ -240,16 +239,16 @@ def tidy(folder: epath.Path, run_folder: Callable[[str], epath.Path], *,
     if not p.abandoned:
       say(f"note: {p.stem}.log belongs to a run in progress ({p.why}); left alone")
     elif p.log is None:
-      storage.remove(record)
+      writes.remove(record)
       say(f"note: removed {record.name}, the record of a run that left no log ({p.why})")
     elif (twin := published_as(p.log)) is not None:
-      storage.remove(p.log)
-      storage.remove(record)
+      writes.remove(p.log)
+      writes.remove(record)
       say(f"note: removed {p.log.name}, left by a run killed while publishing its log as "
           f"{twin.name}")
     else:
       kept = shelve(p.log, run_folder(p.run_id))
-      storage.remove(record)
+      writes.remove(record)
       say(f"note: {p.log.name} was left by a run that no longer runs ({p.why}); its log is "
           f"kept at {kept} and is not a result")
 
@@ -310,7 +309,7 @@ class PendingRun:
   def start(self) -> PendingRun:
     """Writes the record (before the log exists) and starts the heartbeat."""
     self.folder.mkdir(parents=True, exist_ok=True)
-    if not storage.write_new(self._record_path, self._record.to_json()):
+    if not writes.write_new(self._record_path, self._record.to_json()):
       raise FileExistsError(f"{self._record_path} exists")
     self._heart.start()
     return self
@@ -323,13 +322,13 @@ class PendingRun:
   def _refresh(self) -> None:
     """One heartbeat: the log so far (in a bucket), then the record's time."""
     if self._spool is not None and self.log_path.exists():
-      storage.put(self.log_path, self.pending_log)
+      writes.put(self.log_path, self.pending_log)
     beat = dataclasses.replace(self._record, heartbeat=time.time())
-    storage.write_atomic(self._record_path, beat.to_json())
+    writes.write_atomic(self._record_path, beat.to_json())
 
   def _remove(self) -> None:
-    storage.remove(self.pending_log)
-    storage.remove(self._record_path)
+    writes.remove(self.pending_log)
+    writes.remove(self._record_path)
     if self._spool is not None:
       shutil.rmtree(self._spool, ignore_errors=True)
 

@@ -5,7 +5,7 @@ bucket still answering 503 after the clients' retries). The checkpoint is a conv
 the run, not its result: the state is in memory, the previous checkpoint stays the one to
 resume from (orbax deletes old checkpoints only after a new one commits), and the next
 save is tried at its time. Each failure is one warning naming the folder and the cause
-(`mlbench.faults`); its half-written step (`<step>.orbax-checkpoint-tmp` on a disk, the
+(`mlbench.storage.faults`); its half-written step (`<step>.orbax-checkpoint-tmp` on a disk, the
 step's objects without `commit_success.txt` in a bucket) is removed, which also gives a
 full disk its space back. `LIMIT` failures in a row stop the run as a preemption does
 (`StorageFailed`: the partial log kept, the line naming the cause and the `--resume`).
@@ -29,7 +29,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from mlbench import faults, paths
+from mlbench.storage import faults, paths
 
 LIMIT = 3
 """Failed saves in a row that stop the run (the saves are on storage that keeps failing)."""

@@ -19,17 +19,20 @@ import json
 import os
 import signal
 import threading
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from mlbench import faults, paths, storage
+from mlbench.storage import faults, paths, writes
 from mlbench.errors import StorageFailed
 from mlbench.mllog import MLLog
-from mlbench.pending import PendingRun
-from mlbench.train import signals
-from mlbench.train.lease import Lease
-from mlbench.train.runrecord import FINISHED_FILE
+from mlbench.storage.pending import PendingRun
+from mlbench.train.lifecycle import signals
+from mlbench.train.lifecycle.lease import Lease
+from mlbench.train.lifecycle.runrecord import FINISHED_FILE
+
+if TYPE_CHECKING:
+  from mlbench.train.lifecycle.checkpoint import RunSaver
 
 RUNNING, KEPT, FILED = "running", "kept", "filed"
 
@@ -45,7 +48,7 @@ class RunEnd:
   """
 
   def __init__(self, name: str, log: MLLog, pending: PendingRun | None, folder: paths.Path,
-               saver: Any, lease: Lease | None, console: Console):
+               saver: RunSaver | None, lease: Lease | None, console: Console):
     self.log, self._name, self._pending, self._folder = log, name, pending, folder
     self._saver, self._lease, self._console = saver, lease, console
     self._lock = threading.Lock()
@@ -103,7 +106,7 @@ class RunEnd:
     """finished.json in the checkpoint folder; where it cannot be written, --resume still
     refuses the run, finding its log among the results."""
     try:
-      storage.write_new(self._saver.directory / FINISHED_FILE,
+      writes.write_new(self._saver.directory / FINISHED_FILE,
                         json.dumps({"log": str(self._where)}) + "\n")
     except Exception as e:
       fault = faults.diagnose(e, self._saver.directory)

@@ -51,7 +51,7 @@ def _fresh_listings() -> None:
   if _fresh:
     return
   _fresh = True
-  from mlbench import faults
+  from mlbench.storage import faults
 
   faults.watch_gcsfs()  # Its retries said once, its tracebacks off the console.
   try:
@@ -59,6 +59,16 @@ def _fresh_listings() -> None:
   except ImportError:
     return
   fsspec.config.conf.setdefault("gcs", {}).setdefault("use_listings_cache", False)
+
+
+def default_cache_dir() -> pathlib.Path:
+  """Where generated datasets, derived checker rules and JAX's compilation cache live by
+  default: `$MLBENCH_CACHE_DIR`, else `$XDG_CACHE_HOME/mlbench` (`~/.cache/mlbench`)."""
+  env = os.environ.get("MLBENCH_CACHE_DIR")
+  if env:
+    return pathlib.Path(env)
+  base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+  return pathlib.Path(base) / "mlbench"
 
 
 def check_name(what: str, name: str) -> str:

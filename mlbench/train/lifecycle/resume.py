@@ -28,10 +28,10 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.config import Division, InputMode, RunConfig
 from mlbench.errors import UserError
-from mlbench.train.runrecord import RunRecord, digest, find_run, text, versions
+from mlbench.train.lifecycle.runrecord import RunRecord, digest, find_run, text, versions
 
 DATA_MANIFEST = "mlbench-data.json"  # what `mlbench data prepare` writes (datasets.shards)
 
@@ -195,7 +195,7 @@ def resumed_config(rc: RunConfig, path: paths.PathLike, given: set[str]) -> RunC
     UserError: nothing to resume at `path`, another workload, a difference, or a
       live run holding the run folder.
   """
-  from mlbench.train import lease
+  from mlbench.train.lifecycle import lease
 
   record, folder = find_run(path)
   if rc.workload != record.workload:

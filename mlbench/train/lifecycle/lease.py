@@ -2,14 +2,14 @@
 
 A run that checkpoints holds a lease on its checkpoint folder (the one with
 `run.json`) from its start to its end: `lease-<n>.json`, the same record a
-pending log has (`mlbench.pending.Record`: host, boot id, PID namespace, pid and
+pending log has (`mlbench.storage.pending.Record`: host, boot id, PID namespace, pid and
 its start time, heartbeat), refreshed by the same heartbeat every
 `pending.HEARTBEAT_S` seconds. The holder is the newest lease, judged as a
 pending log's owner is (`pending.judge`): a process of this host is alive while
 it runs; another host's run while its heartbeat is younger than `--stale-after`.
 
 `--resume` takes the run over only from a holder that is gone, by creating the
-next lease, `lease-<n + 1>.json`, with `storage.write_new` (a hard link of a
+next lease, `lease-<n + 1>.json`, with `writes.write_new` (a hard link of a
 complete file on a disk, an upload with the precondition "no such object" in a
 bucket): of two resumes at once exactly one creates it, the other is refused. A
 run that ends (finished, stopped, crashed) removes its lease; one killed
@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from mlbench import paths, pending, storage
+from mlbench.storage import paths, pending, writes
 from mlbench.errors import UserError
 
 _NAME = re.compile(r"lease-(\d+)\.json")
@@ -108,11 +108,11 @@ class Lease:
         raise UserError(_refusal(what, held, stale_after))
       number = 0 if held is None else held.number + 1
       record = pending.Record.mine(run_id)
-      if not storage.write_new(folder / f"lease-{number}.json", record.to_json()):
+      if not writes.write_new(folder / f"lease-{number}.json", record.to_json()):
         raise UserError(f"{what}: another mlbench took this run over a moment ago; two runs "
                         "must not continue one run folder")
       if held is not None:
-        storage.remove(folder / f"lease-{held.number}.json")
+        writes.remove(folder / f"lease-{held.number}.json")
         if held.record is not None:
           say(f"note: took over {folder} from a run that is gone ({held.why})")
     return cls(folder, number, record, heartbeat_s=heartbeat_s)._start()
@@ -123,7 +123,7 @@ class Lease:
 
   def _refresh(self) -> None:
     beat = dataclasses.replace(self._record, heartbeat=time.time())
-    storage.write_atomic(self.path, beat.to_json())
+    writes.write_atomic(self.path, beat.to_json())
 
   def ours(self) -> bool:
     """Whether no other run has taken this folder over since (a newer lease)."""
@@ -136,6 +136,6 @@ class Lease:
     """Stops the heartbeat and removes the lease (a run ending, however it ends)."""
     self._heart.stop()
     try:
-      storage.remove(self.path)
+      writes.remove(self.path)
     except Exception as e:  # The next taker judges a lease left behind by its process.
       print(f"warning: could not remove {self.path} ({paths.why(e)})", file=sys.stderr)

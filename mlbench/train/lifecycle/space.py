@@ -22,11 +22,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-from typing import Any
+from typing import TYPE_CHECKING
 
-from mlbench import paths
+from mlbench.storage import paths
 from mlbench.errors import UserError
-from mlbench.train.runrecord import find_run
+from mlbench.train.lifecycle.runrecord import find_run
+
+if TYPE_CHECKING:
+  from mlbench.train.plan import Plan
 
 KEPT = 2  # checkpoint.manager's LatestN
 LOG_BYTES = 16 << 10  # the setup lines of a log (hyperparameters and the rest)
@@ -52,7 +55,7 @@ def _mib(n: float) -> str:
   return f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n / 2**10:,.0f} KiB"
 
 
-def state_bytes(plan: Any) -> int:
+def state_bytes(plan: Plan) -> int:
   """The bytes of the run's whole train state, from shapes (nothing is allocated)."""
   import jax
   import jax.numpy as jnp
@@ -72,7 +75,7 @@ def state_bytes(plan: Any) -> int:
   return total
 
 
-def needs(plan: Any, *, state: int, cache: paths.Path | None) -> list[Need]:
+def needs(plan: Plan, *, state: int, cache: paths.Path | None) -> list[Need]:
   """What the plan's runs write, where (`state`: bytes of the train state; `cache`: the
   compilation cache's folder, None when off)."""
   rc = plan.rc

@@ -1,14 +1,10 @@
-"""The MLPerf submission layout: result logs and system descriptions.
+"""The system a run runs on: this host probed, and its MLPerf system description.
 
-    <results_dir>/systems/<system>.json
-    <results_dir>/results/<system>/<benchmark>/result_<i>.txt
-
-so `python -m mlperf_logging.package_checker <results_dir> training <ruleset>`
-runs on `<results_dir>`, which may be a local folder, a mount shared by hosts
-or a bucket (`gs://...`). A run logs into a pending file next to the results and
-publishes it as the lowest free `result_<i>.txt` (`mlbench.pending`), never
-overwriting one. A system description is written once and never replaced; a
-later run with a different division is refused.
+`probe` finds what the process can tell of its host and devices (processor, caches,
+memory, OS, accelerators); `describe` makes of it the `systems/<system>.json` that
+system_desc_checker accepts, and `ensure_system` writes it into the results folder once
+(`mlbench.storage.results.system_file`): never replaced, and a later run with a different
+division is refused.
 """
 
 from __future__ import annotations
@@ -18,14 +14,11 @@ import json
 import os
 import platform
 import re
-import secrets
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from etils import epath
-
-from mlbench import paths, storage
+from mlbench.storage import paths, results, writes
 from mlbench.errors import UserError
 
 # Allowed `status` values of systems/<system>.json (system_desc_checker, >= 4.0)
@@ -39,49 +32,6 @@ STATUS_TO_LOG = {
 DEFAULT_STATUS = "Research, Development, or Internal (RDI)"
 
 
-def benchmark_dir(results_dir: paths.PathLike, system: str, benchmark: str) -> epath.Path:
-  """`<results_dir>/results/<system>/<benchmark>`, checked to stay inside `results_dir`.
-
-  Raises:
-    UserError: a name is not one safe path component, or the folder resolves
-      (through a link) outside `results_dir`.
-  """
-  folder = (paths.path(results_dir) / "results" / paths.check_name("system name", system)
-            / paths.check_name("benchmark name", benchmark))
-  paths.inside(results_dir, folder)
-  return folder
-
-
-def system_file(results_dir: paths.PathLike, system: str) -> epath.Path:
-  """`<results_dir>/systems/<system>.json`, checked like `benchmark_dir`."""
-  path = paths.path(results_dir) / "systems" / f"{paths.check_name('system name', system)}.json"
-  paths.inside(results_dir, path)
-  return path
-
-
-def new_run_id() -> str:
-  """8 hex digits of a 31-bit number: it survives a broadcast as a JAX int32."""
-  return f"{secrets.randbits(31):08x}"
-
-
-def run_folder(results_dir: paths.PathLike, system: str, benchmark: str, rid: str) -> epath.Path:
-  """`<results_dir>/runs/<system>/<benchmark>/<run id>`: one run's checkpoints and,
-  if it was interrupted, its partial log. Outside `results/`, so the package
-  checks never see it."""
-  folder = (paths.path(results_dir) / "runs" / paths.check_name("system name", system)
-            / paths.check_name("benchmark name", benchmark) / paths.check_name("run id", rid))
-  paths.inside(results_dir, folder)
-  return folder
-
-
-def result_files(folder: paths.PathLike) -> list[epath.Path]:
-  """`result_<i>.txt` files in a benchmark folder, by index."""
-  folder = paths.path(folder)
-  found = [p for p in folder.glob("result_*.txt") if re.fullmatch(r"result_\d+\.txt", p.name)]
-  return sorted(found, key=lambda p: int(p.stem.split("_")[1]))
-
-
-# -- system descriptions ----------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Machine:
   """What this host and its devices are, as far as the process can tell."""
@@ -240,9 +190,9 @@ def ensure_system(results_dir: paths.PathLike, description: dict[str, Any]) -> d
     UserError: the existing description is unreadable, or names another
       division than this run.
   """
-  path = system_file(results_dir, description["system_name"])
+  path = results.system_file(results_dir, description["system_name"])
   path.parent.mkdir(parents=True, exist_ok=True)
-  storage.write_new(path, json.dumps(description, indent=2) + "\n")
+  writes.write_new(path, json.dumps(description, indent=2) + "\n")
   try:
     on_disk = json.loads(path.read_text())
   except (OSError, json.JSONDecodeError) as e:

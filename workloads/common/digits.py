@@ -1,4 +1,6 @@
-"""The mini dataset: scikit-learn's handwritten digits as ImageNet-schema TFRecords.
+"""The image classifiers' mini dataset: scikit-learn's handwritten digits as ImageNet-schema
+TFRecords (`workloads.common.imagenet`), written by `prepare` for resnet50, efficientnet and
+vit alike.
 
 `sklearn.datasets.load_digits()` ships the 1,797 8x8 greyscale digits of the
 UCI Optdigits test set with the package, so nothing is downloaded. A fixed
@@ -16,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mlbench import paths
 from mlbench.datasets import records
+from mlbench.storage import paths
 from mlbench.train import data
-from workloads.resnet50.config import DIGITS_SPLIT, ResNetConfig, Source
-from workloads.resnet50.input_pipeline import dataset_dir
+from mlbench.workload import Config
+from workloads.common.imagenet import DIGITS_SPLIT, Source, dataset_dir
 
 STORED_SIZE = 32
 EVAL_SIZE = DIGITS_SPLIT[1]
@@ -62,17 +64,16 @@ def _examples(images: np.ndarray, labels: np.ndarray, name: str):
     }
 
 
-def prepare(cfg: ResNetConfig, data_dir: Path) -> None:
-  """Writes the digits TFRecords under `data_dir` unless they are already there.
-
-  Does nothing for configs that read ImageNet, which must be supplied.
+def prepare(cfg: Config, data_dir: Path) -> None:
+  """`InputSpec.prepare`: writes the digits TFRecords under `data_dir` unless they are
+  already there. Does nothing for configs that read ImageNet, which must be supplied.
   """
   if cfg.data.source is not Source.DIGITS:
     return
   data.write_dataset(dataset_dir(cfg, paths.path(data_dir)), functools.partial(_write, cfg))
 
 
-def _write(cfg: ResNetConfig, folder: Path) -> dict[str, object]:
+def _write(cfg: Config, folder: Path) -> dict[str, object]:
   x_tr, y_tr, x_ev, y_ev = split()
   if (len(x_tr), len(x_ev)) != (cfg.data.train_examples, cfg.data.eval_examples):
     raise ValueError(f"digits split is {len(x_tr)}/{len(x_ev)} but the config says "
