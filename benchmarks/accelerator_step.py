@@ -17,7 +17,7 @@ compiled step (arguments, outputs and temporaries; donated buffers counted once)
     python benchmarks/accelerator_step.py --workload bert --precision bfloat16 --batch 32
 
 On an accelerator the full configs run at one device's share of a batch (the
-`FULL_BATCH` table; `--batch` overrides it); MoE and Llama 3.1 8B run with fewer
+`FULL_BATCH` table of common.py; `--batch` overrides it); MoE and Llama 3.1 8B run with fewer
 layers (`FULL_REDUCED`), which changes nothing per layer. Goals (issue 21, one
 H100, bf16): BERT-large >= 45 % MFU (>= 600 samples/s at sequence 512), ResNet-50
 >= 7,000 images/s, Transformer-big >= 40 % MFU at 256 x 256 tokens. On this CPU
@@ -33,31 +33,9 @@ import statistics
 import time
 from typing import Any
 
+from common import config_for
+
 WORKLOADS = ("resnet50", "bert", "transformer", "ssd", "moe", "llama31_8b")
-
-# One device's share of a normal global batch for each full config.
-FULL_BATCH = {"resnet50": 256, "bert": 32, "transformer": 256, "ssd": 32, "moe": 16,
-              "llama31_8b": 1}
-# Full configs that do not fit one device for training, cut in depth only.
-FULL_REDUCED = {"moe": ("model.num_layers=4",), "llama31_8b": ("model.num_layers=4",)}
-
-
-def config_for(name: str, config: str, precision: str, batch: int | None,
-               more: tuple[str, ...] | list[str] = ()):
-  """The workload, its config at `precision` and the batch, with the full-config cuts
-  and `more` overrides."""
-  from mlbench import config as config_lib, registry
-
-  w = registry.get(name)
-  _, cfg = config_lib.load(w, config)
-  sets = [f"model.dtype={precision}", *more]
-  if config == "full":
-    sets += FULL_REDUCED.get(name, ())
-    batch = batch or FULL_BATCH[name]
-  if batch:
-    sets.append(f"global_batch_size={batch}")
-  return w, config_lib.override(cfg, sets)
-
 
 def time_step(w, cfg, steps: int, warmup: int) -> dict:
   """Compiles the train step for one device and times it on a synthetic batch."""

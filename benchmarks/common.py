@@ -1,4 +1,5 @@
-"""Shared by the benchmarks: side-by-side timing and the CPU other processes used.
+"""Shared by the benchmarks: side-by-side timing, the CPU other processes used, and the
+full configs at one device's share of a batch (`config_for`).
 
 On a shared 2-core box another tenant can halve a measurement, so every timed
 window also records how many cores *other* processes kept busy (from
@@ -69,3 +70,27 @@ def report(results: dict[str, list], unit: str, base: str, other: str) -> float:
   print(f"  ratio {other}/{base}: median {median:.3f} (rounds: "
         + ", ".join(f"{r:.3f}" for r in ratios) + ")")
   return median
+
+
+# One device's share of a normal global batch for each full config.
+FULL_BATCH = {"resnet50": 256, "bert": 32, "transformer": 256, "ssd": 32, "moe": 16,
+              "llama31_8b": 1}
+# Full configs that do not fit one device for training, cut in depth only.
+FULL_REDUCED = {"moe": ("model.num_layers=4",), "llama31_8b": ("model.num_layers=4",)}
+
+
+def config_for(name: str, config: str, precision: str, batch: int | None,
+               more: tuple[str, ...] | list[str] = ()):
+  """The workload, its config at `precision` and the batch, with the full-config cuts
+  and `more` overrides."""
+  from mlbench import config as config_lib, registry
+
+  w = registry.get(name)
+  _, cfg = config_lib.load(w, config)
+  sets = [f"model.dtype={precision}", *more]
+  if config == "full":
+    sets += FULL_REDUCED.get(name, ())
+    batch = batch or FULL_BATCH[name]
+  if batch:
+    sets.append(f"global_batch_size={batch}")
+  return w, config_lib.override(cfg, sets)

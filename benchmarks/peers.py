@@ -155,7 +155,7 @@ def main() -> None:
   ap.add_argument("--warmup", type=int, default=3)
   args = ap.parse_args()
 
-  from accelerator_step import config_for
+  from common import config_for
 
   from mlbench.workload import Split
 
