@@ -23,7 +23,7 @@ WINGS = ("cli", "train", "pod", "verify", "datasets")
 BASE_PACKAGES = ("storage",)
 """Folders of the base: what both wings share, kept together (the path layer and writes)."""
 TOP_MODULES = {"workload", "convention", "config", "fields", "rules", "registry", "mllog",
-               "compliance", "errors", "accelerators", "system"}
+               "resultlog", "compliance", "errors", "accelerators", "system"}
 """The base's top-level modules: at most 12, so a newcomer finds their room from `ls`."""
 # What each part of the package may import from mlbench (besides the base).
 ALLOWED = {"base": set(), "cli": {"cli", "train", "pod", "verify", "datasets"},

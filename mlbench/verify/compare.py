@@ -1,13 +1,13 @@
 """`mlbench compare`: MLPerf scores of submissions, side by side.
 
-A run's time to train is run_stop - run_start. A run converged if the official
-compliance checker passes its log (as result_summarizer decides). The score is
-the olympic mean in minutes: drop the fastest and the slowest run; a
-non-converged run counts as the slowest; more than one (four for unet3d) makes
-the result invalid. It is multiplied by scaling.json's factor where the folder
-has one (the review committee's normalisation), exactly as result_summarizer
-does, so the scores agree with it. The RCP check (closed division, rulesets
->= 1.0.0) runs on a copy and reports its own factor alongside.
+A run's time to train is run_stop - run_start (`ResultLog.time_to_train_ms`). A run
+converged if the official compliance checker passes its log (as result_summarizer
+decides). The score is the olympic mean in minutes: drop the fastest and the slowest
+run; a non-converged run counts as the slowest; more than one (four for unet3d) makes
+the result invalid. It is multiplied by scaling.json's factor where the folder has one
+(the review committee's normalisation), exactly as result_summarizer does, so the
+scores agree with it. The RCP check (closed division, rulesets >= 1.0.0) runs on a copy
+and reports its own factor alongside.
 
 A log that would stall or crash the official parser (`mlbench.verify.screen`)
 is handed to no official tool, and one that an official tool could not judge
@@ -29,7 +29,8 @@ from typing import Any
 from mlbench import compliance, rules as rules_lib
 from mlbench.verify import official, screen
 from mlbench.errors import UserError
-from mlbench.verify.resultlog import ResultLog, detect_ruleset
+from mlbench.resultlog import ResultLog
+from mlbench.verify.rounds import detect_ruleset
 from mlbench.verify.submission import BenchmarkDir, find, groups, read_system, read_text
 from mlbench.verify.report import MAX_DROPPED
 
@@ -132,8 +133,8 @@ def _runs(files: list[tuple[Path, ResultLog]], outcomes: list[official.Outcome],
           epochs: dict[str, Any]) -> list[Run]:
   out = []
   for (path, log), outcome in zip(files, outcomes):
-    start, stop = log.first("run_start"), log.first("run_stop")
-    minutes = (stop.time_ms - start.time_ms) / 60000 if start and stop else None
+    start, took_ms = log.first("run_start"), log.time_to_train_ms
+    minutes = None if took_ms is None else took_ms / 60000
     converged = outcome.error is None and bool(outcome.value and outcome.value["valid"])
     evals = [((ln.time_ms - start.time_ms) / 60000, float(ln.value))
              for ln in log.all("eval_accuracy")

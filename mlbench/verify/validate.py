@@ -22,7 +22,8 @@ from mlbench import compliance, rules as rules_lib
 from mlbench.verify import checks, official, package as package_lib, screen
 from mlbench.verify.checks import Finding, Severity
 from mlbench.verify.report import BenchmarkReport, FileReport, Report
-from mlbench.verify.resultlog import ResultLog, detect_ruleset
+from mlbench.resultlog import ResultLog
+from mlbench.verify.rounds import detect_ruleset
 from mlbench.verify.submission import Target, find, groups
 
 Progress = Callable[[int, int], None]  # (logs the official checker is done with, all logs)
