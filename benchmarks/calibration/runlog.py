@@ -1,11 +1,12 @@
-"""What a published MLPerf training log says about its run's time: both log formats,
-read by `mlbench.resultlog`.
+"""What a published MLPerf training log says about its run: its time, the samples it
+trained, its blocks and evaluations. Both log formats, read by `mlbench.resultlog`.
 
-Timing caveats of real logs (see ../shared/mlperf-results/README.md): TensorFlow
+Timing caveats of real logs (see shared/mlperf-results/README.md): TensorFlow
 logs written asynchronously at thousands of chips can carry impossible block
 timestamps, and some carry a `run_start` stamped before `init_stop` (the
 v0.7 TPU-v3 TF SSD log: 15 hours before); the run's time is therefore taken
-from the later of the two to `run_stop`. Block times count as sound only where
+from the later of the two to `run_stop`, not as MLPerf scores it
+(`ResultLog.time_to_train_ms`, run_start to run_stop). Block times count as sound only where
 the blocks cover nearly the whole run and the later ones agree.
 
 Runs whose evaluation is asynchronous (SSD's COCO metric on the host, BERT's and
