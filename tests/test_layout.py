@@ -252,6 +252,21 @@ def test_the_checker_finds_repository_paths_and_scripts(tmp_path):
   assert [m for _, m in _imports(sample)] == ["argparse", "pathlib", "pathlib.Path"]
 
 
+def test_one_reader_of_logs_and_one_plan():
+  """MLPerf logs are read in one place (`mlbench.resultlog`: what validate, compare and
+  check --from-log share), and one class is the `Plan` (of a run, `mlbench.train.plan`)."""
+  readers, plans = set(), []
+  for path in _package_files():
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+      if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+          node.value.startswith(":::MLL")):
+        readers.add(str(path.relative_to(ROOT)))
+      if isinstance(node, ast.ClassDef) and node.name.lstrip("_") == "Plan":
+        plans.append(str(path.relative_to(ROOT)))
+  assert readers == {"mlbench/resultlog.py"}
+  assert plans == ["mlbench/train/plan.py"]
+
+
 def test_workloads_compute_attention_through_the_entry_point():
   # jax.nn.dot_product_attention without implementation= is XLA's unfused attention on every
   # backend; mlbench.train.attention.attend picks each platform's fused kernel.

@@ -214,7 +214,7 @@ def _scaling(folder: Path) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Plan:
+class _Folder:
   """One benchmark folder to score: its logs read, its ruleset and system known."""
 
   source: Path
@@ -225,8 +225,8 @@ class _Plan:
   scaling: float
 
 
-def _entry(plan: _Plan, usage: str, tools: official.Isolated) -> Entry:
-  bench, files, ruleset, desc = plan.bench, plan.files, plan.ruleset, plan.desc
+def _entry(folder: _Folder, usage: str, tools: official.Isolated) -> Entry:
+  bench, files, ruleset, desc = folder.bench, folder.files, folder.ruleset, folder.desc
   outcomes = _judge(files, ruleset, usage, tools)
   tool_rs = rules_lib.checker_ruleset(bench.benchmark, ruleset)
   judged = [str(p) for (p, _), o in zip(files, outcomes) if o.error is None]
@@ -237,7 +237,7 @@ def _entry(plan: _Plan, usage: str, tools: official.Isolated) -> Entry:
   division = desc.get("division") or next((log.division for _, log in files if log.division), None)
   runs = _runs(files, outcomes, per_file)
   rcp, factor = _rcp(bench, runs, ruleset, division, usage, tools)
-  return Entry(plan.source, bench, ruleset, desc, runs, plan.scaling,
+  return Entry(folder.source, bench, ruleset, desc, runs, folder.scaling,
                gbs if division == "closed" else None, rcp, factor,
                quality_target(bench.benchmark, ruleset), division=division,
                epochs_problem=epochs.error and f"reading epochs to converge: {epochs.error}")
@@ -250,14 +250,14 @@ def compare(paths: Sequence[Path], *, ruleset: str | None = None, usage: str = "
   Every path is read, and its rulesets and system descriptions known, before
   any official tool runs: bad input is a one-line error at once.
   """
-  plans = [plan for source in paths for plan in _plans(Path(source), ruleset)]
+  folders = [f for source in paths for f in _folders(Path(source), ruleset)]
   with official.sigterm_raises(), official.Isolated(2, timeout_s) as tools:
-    entries = [_entry(plan, usage, tools) for plan in plans]
+    entries = [_entry(folder, usage, tools) for folder in folders]
   _speedups(entries)
   return entries
 
 
-def _plans(source: Path, ruleset: str | None) -> list[_Plan]:
+def _folders(source: Path, ruleset: str | None) -> list[_Folder]:
   target = find(source)
   if target.kind == "log":
     raise UserError(f"{source} is a single log; compare needs result folders "
@@ -269,7 +269,7 @@ def _plans(source: Path, ruleset: str | None) -> list[_Plan]:
     if not every:
       continue
     rs = ruleset or detect_ruleset(every)[0]
-    out += [_Plan(source, b, logs[b.folder], rs, _system(b), _scaling(b.folder))
+    out += [_Folder(source, b, logs[b.folder], rs, _system(b), _scaling(b.folder))
             for b in dirs if logs[b.folder]]
   return out
 
