@@ -24,8 +24,9 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from calibration import cases, runlog
 from mlbench import config as config_lib, registry, rules
-from mlbench.pod import calibration, estimate, odds, plan, plancost, rcp, runlog
+from mlbench.pod import estimate, odds, plan, plancost, rcp
 
 # (workload, benchmark folder, slice, global batch) of each v2.0 submission.
 SUBMISSIONS = (("resnet50", "resnet", "v4-6912", 55296), ("resnet50", "resnet", "v4-8192", 32768),
@@ -35,7 +36,7 @@ SUBMISSIONS = (("resnet50", "resnet", "v4-6912", 55296), ("resnet50", "resnet", 
 def measured(root: Path, bench: str, slice_: str, runs: int) -> tuple[float, float, float]:
   """(olympic mean of run times, mean samples to converge, logs) of a submission."""
   folder = root / "v2.0" / "Google" / "results" / f"cloud-tpu-{slice_}-TF" / bench
-  logs = runlog.runs(folder, calibration.TRAIN_EXAMPLES.get(bench))
+  logs = runlog.runs(folder, cases.TRAIN_EXAMPLES.get(bench))
   times = sorted(r.run_s for r in logs)[:runs]
   drop = odds.olympic_drop(len(times))
   kept = times[drop:len(times) - drop]
@@ -48,7 +49,7 @@ def predicted(workload: str, slice_: str, batch: int, grad_bytes_per_param: floa
   """The plan's candidate at a published slice and batch; a batch that does not split
   over the slice's chips is predicted at its fractional per-chip batch (the calibration's
   lines allow it; a compile would not), and said. mlbench sums gradients in float32 (4
-  bytes a parameter); Google's TPU code in bfloat16 (2: `calibration.GRAD_BYTES_PER_PARAM`)."""
+  bytes a parameter); Google's TPU code in bfloat16 (2: `cases.GRAD_BYTES_PER_PARAM`)."""
   wl = registry.get(workload)
   _, cfg, _ = config_lib.configured(wl, "full", ())
   rule = rules.load(wl.benchmark, rules.default_ruleset(wl.benchmark, "full", wl.rulesets))
@@ -69,7 +70,7 @@ def predicted(workload: str, slice_: str, batch: int, grad_bytes_per_param: floa
 
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--results", type=Path, default=calibration.default_root())
+  ap.add_argument("--results", type=Path, default=cases.default_results())
   args = ap.parse_args()
   print("| submission | chips | batch | measured score s (scaled) | plan score s | plan/measured "
         "| bf16 gradients: score s, ratio | plan median s (10-90%) | plan steps | logged steps "
@@ -78,11 +79,11 @@ def main() -> None:
   notes = []
   for workload, bench, slice_, batch in SUBMISSIONS:
     c, note = predicted(workload, slice_, batch)
-    bf16, _ = predicted(workload, slice_, batch, calibration.GRAD_BYTES_PER_PARAM)
+    bf16, _ = predicted(workload, slice_, batch, cases.GRAD_BYTES_PER_PARAM)
     rule = rules.load(registry.get(workload).benchmark, "4.0.0")
     score, samples, n = measured(args.results, bench, slice_, rule.runs)
     conv = c.convergence
-    per = 1.0 if conv.unit is rules.Unit.SAMPLES else calibration.TRAIN_EXAMPLES[bench]
+    per = 1.0 if conv.unit is rules.Unit.SAMPLES else cases.TRAIN_EXAMPLES[bench]
     scale = max(1.0, conv.mean * per / samples)
     look = c.outlook
     ratio = look.score_s / (score * scale)

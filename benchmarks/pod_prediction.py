@@ -1,10 +1,10 @@
 """Pod prediction vs measurement: the whole calibration table, with leave-one-out ratios.
 
-Every published TPU run of a workload mlbench has (mlbench/pod/calibration.py CASES:
+Every published TPU run of a workload mlbench has (benchmarks/calibration/cases.py CASES:
 Google's v0.7 and v2.0 runs in ../shared/mlperf-results, 8 to 4,096 chips) is
 predicted by `mlbench check`'s time model (mlbench/pod/timemodel.py) from mlbench's
 own full config compiled for the run's per-device batch (cached in
-mlbench/pod/calibration_costs.json; `python -m mlbench.pod.costs` recompiles), the
+mlbench/pod/calibration_costs.json; `python -m benchmarks.calibration.costs` recompiles), the
 run's slice, and the steps and evaluations its logs record. Per run: measured and
 predicted time to train (median over its successful logs), their ratio under the
 constants fitted on all runs, and under the constants fitted without that run
@@ -13,10 +13,10 @@ sound. Then the held-out runs (Google's v0.6 TPU-v3 runs, `:::MLL` logs, never
 fitted) and the v4.0 H100 runs (NVIDIA, Dell), predicted with the same constants.
 Goal: every ratio within 1.25x both ways.
 
-    python benchmarks/pod_prediction.py [--results DIR]
+    python benchmarks/pod_prediction.py [--results DIR] [--held-out DIR]
 
-The constants it prints are the ones `python -m mlbench.pod.fit --write` stores in
-mlbench/accelerators.yaml (time_model).
+The constants it prints are the ones `python -m benchmarks.calibration.fit --write` stores
+in mlbench/accelerators.yaml (time_model).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mlbench.pod import calibration, fit, timemodel
+from calibration import cases, fit
+from mlbench.pod import timemodel
 
 
 def _ratio(x: float | None) -> str:
@@ -78,9 +79,10 @@ def _summary(name: str, ratios: list[float]) -> None:
 
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--results", type=Path, default=calibration.default_root())
+  ap.add_argument("--results", type=Path, default=cases.default_results())
+  ap.add_argument("--held-out", type=Path, default=cases.default_held_out())
   args = ap.parse_args()
-  cal = fit.calibrate(args.results)
+  cal = fit.calibrate(args.results, args.held_out)
   for why in cal.left_out:
     print(f"left out: {why}")
   c = cal.tpu_constants

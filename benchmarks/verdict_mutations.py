@@ -116,7 +116,7 @@ MUTANTS = (
     Mutant("run-stop-always-success", "mlbench/mllog.py",
            '"success" if success else "aborted"', '"success" if success is not None else "aborted"',
            "mlbench run logs every run_stop, a run that missed its target too, as a success"),
-    Mutant("aborted-is-success", "mlbench/verify/resultlog.py",
+    Mutant("aborted-is-success", "mlbench/resultlog.py",
            'return stop is not None and stop.metadata.get("status") == "success"',
            'return stop is not None and stop.metadata.get("status") != "aborted"',
            "a run_stop without a status counts as a success"),

@@ -9,6 +9,9 @@ plugin API; the package never imports a workload (it reaches one through the reg
 No file imports itself back through others, and no part of the tree imports one that
 imports it: the parts stand in layers, every import pointing down. Every import is found
 with `ast`, including those inside function bodies (the CLI imports heavy modules lazily).
+The package is what `mlbench` runs: it reads no folder only the repository has (tests/,
+shared/, benchmarks/: the calibration tooling lives there) and has no scripts of its own
+(its command line is `mlbench.cli`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ WINGS = ("cli", "train", "pod", "verify", "datasets")
 BASE_PACKAGES = ("storage",)
 """Folders of the base: what both wings share, kept together (the path layer and writes)."""
 TOP_MODULES = {"workload", "convention", "config", "fields", "rules", "registry", "mllog",
-               "compliance", "errors", "accelerators", "system"}
+               "resultlog", "compliance", "errors", "accelerators", "system"}
 """The base's top-level modules: at most 12, so a newcomer finds their room from `ls`."""
 # What each part of the package may import from mlbench (besides the base).
 ALLOWED = {"base": set(), "cli": {"cli", "train", "pod", "verify", "datasets"},
@@ -40,6 +43,8 @@ PLUGIN_HELPERS = {"mlbench.train.data", "mlbench.train.optim", "mlbench.train.la
                   "mlbench.train.attention",
                   "mlbench.datasets.records", "mlbench.datasets.indexed"}
 HEAVY = ("jax", "jaxlib", "flax", "optax", "tensorflow")
+REPOSITORY_ONLY = ("tests", "shared", "benchmarks", "docs", "examples", "mlperf-results")
+"""Folders of the repository an installed mlbench does not have (rules/ it packs inside)."""
 
 
 def _part(path: Path) -> str:
@@ -195,6 +200,71 @@ def test_every_import_points_down():
     rooms.setdefault(_room(f), set()).update(_room(t) for t in _targets(f))
   cycle = _cycle({room: targets - {room} for room, targets in rooms.items()})
   assert cycle is None, "an import points back up: " + " -> ".join(cycle)
+
+
+def _repository_paths(path: Path) -> list[str]:
+  """Path parts a file joins (`/`, `joinpath`, `Path(...)`, `os.path.join`) that name a
+  folder only the repository has."""
+  found = []
+  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+      parts = [node.left, node.right]
+    elif isinstance(node, ast.Call) and (
+        getattr(node.func, "attr", None) in ("joinpath", "join")
+        or getattr(node.func, "id", None) in ("Path", "path")):
+      parts = node.args
+    else:
+      continue
+    found += [f"line {node.lineno}: {part.value!r}" for part in parts
+              if isinstance(part, ast.Constant) and isinstance(part.value, str)
+              and part.value.strip("/").split("/")[0] in REPOSITORY_ONLY]
+  return found
+
+
+@pytest.mark.parametrize("path", _package_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_package_reads_nothing_only_the_repository_has(path):
+  """What the package reads at run time is inside it (`importlib.resources`: the
+  accelerator specs and the fitted constants, the calibration's cost table; the rules,
+  which a wheel packs): never tests/data or shared/mlperf-results, found by walking up
+  from a module's file. Tooling that needs them takes them as arguments, outside."""
+  assert not _repository_paths(path)
+
+
+@pytest.mark.parametrize("path", _package_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_package_has_no_scripts(path):
+  """The command line is `mlbench` (click, `mlbench.cli`); research scripts with argparse
+  and a `__main__` block belong to benchmarks/."""
+  tree = ast.parse(path.read_text(), str(path))
+  mains = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Compare)
+           and isinstance(n.left, ast.Name) and n.left.id == "__name__"]
+  argparse = [line for line, mod in _imports(path) if mod.split(".")[0] == "argparse"]
+  assert not mains + argparse, f"lines {mains + argparse}: a script; make it a command or a tool"
+
+
+def test_the_checker_finds_repository_paths_and_scripts(tmp_path):
+  """The two tests above would pass vacuously if they found nothing."""
+  sample = tmp_path / "sample.py"
+  sample.write_text("import argparse\nfrom pathlib import Path\n"
+                    "DATA = Path(__file__).parents[2] / 'tests' / 'data'\n"
+                    "KEYS = {'examples': 1, 'tests': 2}\n"
+                    "ROOT = next(p / 'shared/mlperf-results' for p in Path(__file__).parents)\n")
+  assert _repository_paths(sample) == ["line 3: 'tests'", "line 5: 'shared/mlperf-results'"]
+  assert [m for _, m in _imports(sample)] == ["argparse", "pathlib", "pathlib.Path"]
+
+
+def test_one_reader_of_logs_and_one_plan():
+  """MLPerf logs are read in one place (`mlbench.resultlog`: what validate, compare and
+  check --from-log share), and one class is the `Plan` (of a run, `mlbench.train.plan`)."""
+  readers, plans = set(), []
+  for path in _package_files():
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+      if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+          node.value.startswith(":::MLL")):
+        readers.add(str(path.relative_to(ROOT)))
+      if isinstance(node, ast.ClassDef) and node.name.lstrip("_") == "Plan":
+        plans.append(str(path.relative_to(ROOT)))
+  assert readers == {"mlbench/resultlog.py"}
+  assert plans == ["mlbench/train/plan.py"]
 
 
 def test_workloads_compute_attention_through_the_entry_point():

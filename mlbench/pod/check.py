@@ -275,7 +275,7 @@ def _predict(plan: Plan, acc: accelerators.Accelerator, reports: tuple[ProgramRe
   steps = convergence.samples / plan.gbs if convergence is not None else 0.0
   model_bytes = (float(train.collective_group_bytes.get(other, 0))
                  if train.hlo_readable and other > 1 else None)
-  ep = estimate.Plan(
+  compiled = estimate.CompiledRun(
       workload=plan.workload.name, devices=devices, mesh=dict(plan.mesh.shape),
       global_batch=plan.gbs,
       train=_cost_of(train, devices, model_flops),
@@ -285,7 +285,7 @@ def _predict(plan: Plan, acc: accelerators.Accelerator, reports: tuple[ProgramRe
       model_flops_per_step=model_flops, steps=steps,
       evals=float(sum(1 for p in plan.points if p.step <= math.ceil(steps)) or 1))
   consts, provenance = estimate.constants(acc.platform)
-  x = estimate.inputs(acc, ep)
+  x = estimate.inputs(acc, compiled)
   terms = timemodel.predict(x, consts)
   roof = predict_lib.roofline(acc, x.train.flops, x.train.hbm_bytes, 0.0)
   roof = dataclasses.replace(roof, collective_s=x.collective_s)

@@ -1,4 +1,4 @@
-"""The time model's inputs for one compiled plan: what `check` and a run's closing
+"""The time model's inputs for one compiled run: what `check`, `plan` and a run's closing
 summary predict with (the calibration builds the same inputs from published logs).
 
 The collectives come from the topology (`collectives`): the data-parallel
@@ -77,8 +77,9 @@ def data_torus(t: collectives.Torus, other_axes: int) -> collectives.Torus:
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
-  """What the model needs about a compiled plan, whatever compiled it."""
+class CompiledRun:
+  """What the model needs about a run's compiled programs, whatever compiled them (check's
+  dry run, plan's compiles or cost table, a finished run's train step)."""
 
   workload: str
   devices: int
@@ -94,7 +95,7 @@ class Plan:
   evals: float
 
 
-def inputs(acc: accelerators.Accelerator, p: Plan) -> timemodel.Inputs:
+def inputs(acc: accelerators.Accelerator, p: CompiledRun) -> timemodel.Inputs:
   chips = max(1, p.devices // acc.devices_per_chip)
   grid, slices = grid_of(acc, chips)
   other = math.prod(v for k, v in p.mesh.items() if k != "data") or 1
@@ -132,11 +133,12 @@ def run_step(acc: accelerators.Accelerator, plan: Any, result: Any
   model_flops = result.flops_per_example * gbs
   other = math.prod(v for k, v in plan.mesh.shape.items() if k != "data") or 1
   grad = 4.0 * steps_lib.count_params(plan.workload, plan.cfg) / other
-  p = Plan(workload=plan.workload.name, devices=devices, mesh=dict(plan.mesh.shape),
-           global_batch=gbs,
-           train=StepCost(max(cost.get("flops", 0.0), model_flops / devices),
-                          cost.get("bytes accessed", 0.0)),
-           eval_batch=StepCost(0.0, 0.0), eval_batches=0, grad_bytes_per_device=grad,
-           model_collective_bytes=None, model_flops_per_step=model_flops, steps=0, evals=0)
+  p = CompiledRun(workload=plan.workload.name, devices=devices, mesh=dict(plan.mesh.shape),
+                  global_batch=gbs,
+                  train=StepCost(max(cost.get("flops", 0.0), model_flops / devices),
+                                 cost.get("bytes accessed", 0.0)),
+                  eval_batch=StepCost(0.0, 0.0), eval_batches=0, grad_bytes_per_device=grad,
+                  model_collective_bytes=None, model_flops_per_step=model_flops, steps=0,
+                  evals=0)
   consts, _ = constants(acc.platform)
   return result.goodput.productive_s / done, timemodel.predict(inputs(acc, p), consts)

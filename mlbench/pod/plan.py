@@ -205,7 +205,7 @@ def _stops(x: timemodel.Inputs, c: timemodel.Constants, points: Sequence[tuple[i
 def inputs(t: Target, batch: int, c: Costs, workload: str, eval_examples: int
            ) -> timemodel.Inputs:
   """The time model's inputs for a candidate (the eval batch is the global batch)."""
-  p = estimate.Plan(
+  p = estimate.CompiledRun(
       workload=workload, devices=t.devices, mesh={"data": t.devices}, global_batch=batch,
       train=c.train, eval_batch=c.eval, eval_batches=math.ceil(eval_examples / batch),
       grad_bytes_per_device=c.param_bytes if c.grad_bytes is None else c.grad_bytes,

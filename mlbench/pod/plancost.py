@@ -197,14 +197,14 @@ def calibration_costs(workload: str, config: str, overrides: tuple[str, ...]
                       ) -> plan_lib.CostFn:
   """A `CostFn` from the calibration's cached compiles (`calibration_costs.json`: the full
   configs on a 4-chip TPU v4 slice at two per-device batches, BERT and the Transformer at
-  two depths), on the straight lines `calibration.device_cost` draws through them: no
+  two depths), on the straight lines `costtable.device_cost` draws through them: no
   compile, for the workloads whose full compile takes hours here (BERT-large). Only for
   the full config as the calibration compiled it (no --set)."""
   from mlbench import config as config_lib, registry
   from mlbench.errors import UserError
-  from mlbench.pod import calibration, costs
+  from mlbench.pod import costtable
 
-  records = costs.load()
+  records = costtable.load()
   if config != "full" or overrides:
     raise UserError("--costs calibration has the full configs' compiles only; drop --set and "
                     "--config, or use --costs compile")
@@ -215,8 +215,8 @@ def calibration_costs(workload: str, config: str, overrides: tuple[str, ...]
   per_example = float(wl.flops_per_example(cfg))
 
   def cost(proxy: str, per_device: int) -> plan_lib.Costs:
-    train = calibration.device_cost(records, workload, per_device, 1, "train")
-    evaluation = calibration.device_cost(records, workload, per_device, 1, "eval")
+    train = costtable.device_cost(records, workload, per_device, 1, "train")
+    evaluation = costtable.device_cost(records, workload, per_device, 1, "eval")
     return plan_lib.Costs(
         train=timemodel.StepCost(train["flops"], train["bytes"]),
         eval=timemodel.StepCost(evaluation["flops"], evaluation["bytes"]),

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from mlbench import accelerators, rules
-from mlbench.pod import rcp, runlog, timemodel
 from mlbench.errors import UserError
+from mlbench.pod import rcp, timemodel
+from mlbench.resultlog import ResultLog
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,11 +114,11 @@ def from_rcps(rule: rules.Rule, global_batch: int, train_examples: int) -> Conve
 def from_log(path: Path, rule: rules.Rule, train_examples: int) -> Convergence:
   """Samples a real run trained before reaching its target, from its result log
   (`:::MLLOG` or the older `:::MLL` format)."""
-  evs = [e for e in runlog.events(path)]
+  evs = ResultLog.read(path).events
   stops = [e for e in evs if e.key == "run_stop"]
   # An asynchronous evaluation logged after run_stop scored training the run did not need.
   evals = [e for e in evs if e.key == rule.quality.key and e.value is not None
-           and (not stops or e.time_s <= stops[-1].time_s)]
+           and (not stops or e.time_ms <= stops[-1].time_ms)]
   if not evals or not stops or stops[-1].metadata.get("status") != "success":
     raise UserError(f"--from-log {path}: not a successful run (no {rule.quality.key} or no "
                     "run_stop with status success); give the log of a run that converged")

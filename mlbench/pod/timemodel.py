@@ -33,16 +33,16 @@
   slice (latency-bound at thousands of chips), plus the fitted per-evaluation
   overhead `e0` (host work: reading the sums, logging);
 - warm-up: the first block's time beyond the steady rate, as the published logs
-  show it (`runlog.RunLog.warmup_s`: compile and program load, the input
-  pipeline's fill, the first steps), measured per workload where their block
-  times are sound (`warmup_by`), not fitted;
+  show it (`RunLog.warmup_s` of benchmarks/calibration/runlog.py: compile and
+  program load, the input pipeline's fill, the first steps), measured per workload
+  where their block times are sound (`warmup_by`), not fitted;
 - the last partial block: steps are whole, and a run trains to the end of the
   evaluation block in which it converges (`plan` stops a run at the first
   evaluation at or past its convergence; the calibration takes the steps its
   logs record).
 
-The constants live in accelerators.yaml (`time_model`), fitted by `mlbench.pod.fit`
-on the published TPU runs (`calibration`).
+The constants live in accelerators.yaml (`time_model`), fitted on the published TPU
+runs by the calibration tooling outside the package (benchmarks/calibration/fit.py).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class Constants:
   # stands for the others.
   eta_by: tuple[tuple[str, float], ...] = ()
   # The warm-up of each workload as the published logs show it (measured, not fitted:
-  # `runlog.RunLog.warmup_s`); `warmup_s` stands for the others.
+  # benchmarks/calibration's `RunLog.warmup_s`); `warmup_s` stands for the others.
   warmup_by: tuple[tuple[str, float], ...] = ()
 
   FITTED = ("eta", "hbm", "fixed_flops", "eval_overhead_s", "kappa", "fixed_bytes_per_param")

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mlbench import rules as rules_lib
-from mlbench.verify.resultlog import Line, ResultLog, year
+from mlbench.resultlog import Line, ResultLog, year
 
 
 MAX_QUOTE = 500

@@ -1,13 +1,13 @@
 """`mlbench compare`: MLPerf scores of submissions, side by side.
 
-A run's time to train is run_stop - run_start. A run converged if the official
-compliance checker passes its log (as result_summarizer decides). The score is
-the olympic mean in minutes: drop the fastest and the slowest run; a
-non-converged run counts as the slowest; more than one (four for unet3d) makes
-the result invalid. It is multiplied by scaling.json's factor where the folder
-has one (the review committee's normalisation), exactly as result_summarizer
-does, so the scores agree with it. The RCP check (closed division, rulesets
->= 1.0.0) runs on a copy and reports its own factor alongside.
+A run's time to train is run_stop - run_start (`ResultLog.time_to_train_ms`). A run
+converged if the official compliance checker passes its log (as result_summarizer
+decides). The score is the olympic mean in minutes: drop the fastest and the slowest
+run; a non-converged run counts as the slowest; more than one (four for unet3d) makes
+the result invalid. It is multiplied by scaling.json's factor where the folder has one
+(the review committee's normalisation), exactly as result_summarizer does, so the
+scores agree with it. The RCP check (closed division, rulesets >= 1.0.0) runs on a copy
+and reports its own factor alongside.
 
 A log that would stall or crash the official parser (`mlbench.verify.screen`)
 is handed to no official tool, and one that an official tool could not judge
@@ -29,7 +29,8 @@ from typing import Any
 from mlbench import compliance, rules as rules_lib
 from mlbench.verify import official, screen
 from mlbench.errors import UserError
-from mlbench.verify.resultlog import ResultLog, detect_ruleset
+from mlbench.resultlog import ResultLog
+from mlbench.verify.rounds import detect_ruleset
 from mlbench.verify.submission import BenchmarkDir, find, groups, read_system, read_text
 from mlbench.verify.report import MAX_DROPPED
 
@@ -132,8 +133,8 @@ def _runs(files: list[tuple[Path, ResultLog]], outcomes: list[official.Outcome],
           epochs: dict[str, Any]) -> list[Run]:
   out = []
   for (path, log), outcome in zip(files, outcomes):
-    start, stop = log.first("run_start"), log.first("run_stop")
-    minutes = (stop.time_ms - start.time_ms) / 60000 if start and stop else None
+    start, took_ms = log.first("run_start"), log.time_to_train_ms
+    minutes = None if took_ms is None else took_ms / 60000
     converged = outcome.error is None and bool(outcome.value and outcome.value["valid"])
     evals = [((ln.time_ms - start.time_ms) / 60000, float(ln.value))
              for ln in log.all("eval_accuracy")
@@ -213,7 +214,7 @@ def _scaling(folder: Path) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Plan:
+class _Folder:
   """One benchmark folder to score: its logs read, its ruleset and system known."""
 
   source: Path
@@ -224,8 +225,8 @@ class _Plan:
   scaling: float
 
 
-def _entry(plan: _Plan, usage: str, tools: official.Isolated) -> Entry:
-  bench, files, ruleset, desc = plan.bench, plan.files, plan.ruleset, plan.desc
+def _entry(folder: _Folder, usage: str, tools: official.Isolated) -> Entry:
+  bench, files, ruleset, desc = folder.bench, folder.files, folder.ruleset, folder.desc
   outcomes = _judge(files, ruleset, usage, tools)
   tool_rs = rules_lib.checker_ruleset(bench.benchmark, ruleset)
   judged = [str(p) for (p, _), o in zip(files, outcomes) if o.error is None]
@@ -236,7 +237,7 @@ def _entry(plan: _Plan, usage: str, tools: official.Isolated) -> Entry:
   division = desc.get("division") or next((log.division for _, log in files if log.division), None)
   runs = _runs(files, outcomes, per_file)
   rcp, factor = _rcp(bench, runs, ruleset, division, usage, tools)
-  return Entry(plan.source, bench, ruleset, desc, runs, plan.scaling,
+  return Entry(folder.source, bench, ruleset, desc, runs, folder.scaling,
                gbs if division == "closed" else None, rcp, factor,
                quality_target(bench.benchmark, ruleset), division=division,
                epochs_problem=epochs.error and f"reading epochs to converge: {epochs.error}")
@@ -249,14 +250,14 @@ def compare(paths: Sequence[Path], *, ruleset: str | None = None, usage: str = "
   Every path is read, and its rulesets and system descriptions known, before
   any official tool runs: bad input is a one-line error at once.
   """
-  plans = [plan for source in paths for plan in _plans(Path(source), ruleset)]
+  folders = [f for source in paths for f in _folders(Path(source), ruleset)]
   with official.sigterm_raises(), official.Isolated(2, timeout_s) as tools:
-    entries = [_entry(plan, usage, tools) for plan in plans]
+    entries = [_entry(folder, usage, tools) for folder in folders]
   _speedups(entries)
   return entries
 
 
-def _plans(source: Path, ruleset: str | None) -> list[_Plan]:
+def _folders(source: Path, ruleset: str | None) -> list[_Folder]:
   target = find(source)
   if target.kind == "log":
     raise UserError(f"{source} is a single log; compare needs result folders "
@@ -268,7 +269,7 @@ def _plans(source: Path, ruleset: str | None) -> list[_Plan]:
     if not every:
       continue
     rs = ruleset or detect_ruleset(every)[0]
-    out += [_Plan(source, b, logs[b.folder], rs, _system(b), _scaling(b.folder))
+    out += [_Folder(source, b, logs[b.folder], rs, _system(b), _scaling(b.folder))
             for b in dirs if logs[b.folder]]
   return out
 

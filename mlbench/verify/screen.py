@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
-from mlbench.verify.resultlog import ResultLog
+from mlbench.resultlog import ResultLog
 
 # What stalls the official parser (mlp_parser of every training ruleset in
 # mlperf-logging 4.1.68): it runs `re.sub(".*:::MLLOG ", ...)` on each :::MLLOG

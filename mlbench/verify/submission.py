@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mlbench.errors import UserError
-from mlbench.verify.resultlog import is_log
+from mlbench.resultlog import is_log
 
 _RESULT = re.compile(r"result_\d+\.txt")
 

@@ -22,7 +22,8 @@ from mlbench import compliance, rules as rules_lib
 from mlbench.verify import checks, official, package as package_lib, screen
 from mlbench.verify.checks import Finding, Severity
 from mlbench.verify.report import BenchmarkReport, FileReport, Report
-from mlbench.verify.resultlog import ResultLog, detect_ruleset
+from mlbench.resultlog import ResultLog
+from mlbench.verify.rounds import detect_ruleset
 from mlbench.verify.submission import Target, find, groups
 
 Progress = Callable[[int, int], None]  # (logs the official checker is done with, all logs)
@@ -143,11 +144,11 @@ def validate(path: Path, *, ruleset: str | None = None, usage: str = "training",
   with official.sigterm_raises(), official.Isolated(processes or _cores(), timeout_s) as tools:
     if target.kind == "log":
       return _validate_one_log(target, ruleset, usage, tools, tolerance_ms, progress)
-    plans = _plan(target, ruleset)
-    items = [(p, log, rs) for _, rs, _, logs in plans for p, log in logs]
+    folders = _read_folders(target, ruleset)
+    items = [(p, log, rs) for _, rs, _, logs in folders for p, log in logs]
     verdicts = iter(_official(items, usage, tools, progress))
     benchmarks, systems = [], []
-    for bench, rs, how, logs in plans:
+    for bench, rs, how, logs in folders:
       if isinstance(how, Finding):
         benchmarks.append(BenchmarkReport(bench, "-", "no logs", [], [how]))
         continue
@@ -157,7 +158,7 @@ def validate(path: Path, *, ruleset: str | None = None, usage: str = "training",
                             bench.system, tolerance_ms)
       findings = package_lib.findings(bench, rs, division or _division(logs), usage, tools, files)
       benchmarks.append(BenchmarkReport(bench, rs, how, files, findings))
-    for package, rs, used in _packages(plans):
+    for package, rs, used in _packages(folders):
       systems += package_lib.systems(package, rs, usage, used, tools,
                                    only_used=target.kind == "benchmark")
   return Report(target, [], benchmarks, systems)
@@ -167,28 +168,28 @@ def _cores() -> int:
   return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-_Plan = tuple[Any, str, Any, list[tuple[Path, ResultLog]]]  # (bench, ruleset, how, logs)
+_Folder = tuple[Any, str, Any, list[tuple[Path, ResultLog]]]  # (bench, ruleset, how, logs)
 
 
-def _plan(target: Target, ruleset: str | None) -> list[_Plan]:
+def _read_folders(target: Target, ruleset: str | None) -> list[_Folder]:
   """Every benchmark folder with its logs read and the ruleset they are judged by."""
-  plans: list[_Plan] = []
+  folders: list[_Folder] = []
   for dirs in groups(target).values():
     logs = {b.folder: [(f, ResultLog.read(f)) for f in b.files] for b in dirs}
     every = [log for pairs in logs.values() for _, log in pairs]
     if not every and not ruleset:  # Nothing to read a ruleset from; the count check fails.
-      plans += [(b, "-", Finding("runs", Severity.FAIL, "no result_*.txt files"), [])
-                for b in dirs]
+      folders += [(b, "-", Finding("runs", Severity.FAIL, "no result_*.txt files"), [])
+                  for b in dirs]
       continue
     rs, how = (ruleset, "--ruleset") if ruleset else detect_ruleset(every)
-    plans += [(b, rs, how, logs[b.folder]) for b in dirs]
-  return plans
+    folders += [(b, rs, how, logs[b.folder]) for b in dirs]
+  return folders
 
 
-def _packages(plans: list[_Plan]) -> list[tuple[Path, str, set[str]]]:
+def _packages(folders: list[_Folder]) -> list[tuple[Path, str, set[str]]]:
   """(package, ruleset of its system descriptions, systems its results use), in order."""
   out: dict[Path, tuple[str, set[str]]] = {}
-  for bench, rs, how, _ in plans:
+  for bench, rs, how, _ in folders:
     if bench.package is not None and not isinstance(how, Finding):
       first = out.setdefault(bench.package, (rules_lib.checker_ruleset(bench.benchmark, rs), set()))
       first[1].add(bench.system)

@@ -211,3 +211,17 @@ def test_compare_scores_a_bucket_and_names_it_as_given(bucket, write_log, tmp_pa
   assert entry["source"] == f"{bucket}/package" and len(entry["runs"]) == 2
   assert all(run["converged"] for run in entry["runs"])
   assert f"{bucket}/package" in capsys.readouterr().err  # The table names the bucket.
+
+
+def test_a_result_log_in_a_bucket_reads_as_on_a_disk(bucket):
+  """`check --from-log gs://...` reads a log through the path layer (`mlbench.resultlog`)."""
+  from pathlib import Path
+
+  from mlbench.resultlog import ResultLog
+
+  local = (Path(__file__).parents[1] / "data" / "mlperf-v0.6" / "Google" / "results" /
+           "tpu-v3-128" / "resnet" / "result_0.txt")
+  remote = f"{bucket}/logs/result_0.txt"
+  results.paths.path(remote).write_bytes(local.read_bytes())
+  got, want = ResultLog.read(remote), ResultLog.read(local)
+  assert got.events == want.events and got.size == want.size and got.old_format

@@ -10,7 +10,8 @@ import pytest
 from mlbench.verify import checks
 from mlbench import rules
 from mlbench.verify.checks import Severity
-from mlbench.verify.resultlog import ResultLog, detect_ruleset, is_log
+from mlbench.resultlog import ResultLog, is_log
+from mlbench.verify.rounds import detect_ruleset
 from mlbench.errors import UserError
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from mlbench.errors import Interrupted
 from mlbench.verify import official, screen
-from mlbench.verify.resultlog import ResultLog
+from mlbench.resultlog import ResultLog
 
 
 def test_values_exceptions_and_hangs_are_all_outcomes():

@@ -23,7 +23,7 @@ from mlbench.mllog import MLLog
 from mlbench.verify import checks, compare, official, package, submission, validate
 from mlbench.verify.checks import Finding, Severity
 from mlbench.verify.report import BenchmarkReport, FileReport, Report
-from mlbench.verify.resultlog import ResultLog
+from mlbench.resultlog import ResultLog
 from mlbench.verify.submission import BenchmarkDir, Target
 
 DELL = Path(__file__).parents[1] / "data/mlperf-results/v4.0/Dell/results/XE9680x8H100-SXM-80GB"

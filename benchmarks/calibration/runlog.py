@@ -1,15 +1,12 @@
-"""What a published MLPerf training log says about its run's time: both log formats.
+"""What a published MLPerf training log says about its run: its time, the samples it
+trained, its blocks and evaluations. Both log formats, read by `mlbench.resultlog`.
 
-`:::MLLOG {json}` (MLPerf v0.7 on, mlperf-logging) and the older
-`:::MLL <unix seconds> <key>: {"value": ..., "metadata": {...}}` (v0.5 and
-v0.6, and the TPU-pod papers' own runs). Read leniently: a line that is neither
-is skipped, as the official parser does.
-
-Timing caveats of real logs (see ../shared/mlperf-results/README.md): TensorFlow
+Timing caveats of real logs (see shared/mlperf-results/README.md): TensorFlow
 logs written asynchronously at thousands of chips can carry impossible block
 timestamps, and some carry a `run_start` stamped before `init_stop` (the
 v0.7 TPU-v3 TF SSD log: 15 hours before); the run's time is therefore taken
-from the later of the two to `run_stop`. Block times count as sound only where
+from the later of the two to `run_stop`, not as MLPerf scores it
+(`ResultLog.time_to_train_ms`, run_start to run_stop). Block times count as sound only where
 the blocks cover nearly the whole run and the later ones agree.
 
 Runs whose evaluation is asynchronous (SSD's COCO metric on the host, BERT's and
@@ -23,56 +20,15 @@ logged after it are not the run's.
 from __future__ import annotations
 
 import dataclasses
-import json
-import re
 import statistics
 from pathlib import Path
 from typing import Any
 
-from mlbench.storage import paths
 from mlbench.errors import UserError
+from mlbench.resultlog import Line, ResultLog
 
-_NEW = ":::MLLOG"
-_OLD = re.compile(r":::MLL\s+([\d.]+)\s+([\w.]+):\s*(\{.*\})\s*$")
 # Benchmarks whose log counts training in epochs of the training set.
 _EPOCH_BENCHMARKS = ("resnet", "ssd", "transformer", "gnmt", "maskrcnn", "unet3d", "retinanet")
-
-
-@dataclasses.dataclass(frozen=True)
-class Event:
-  key: str
-  value: Any
-  time_s: float
-  metadata: dict[str, Any]
-
-
-def events(path: Path) -> list[Event]:
-  """Every event of a log in either format, in file order."""
-  try:
-    text = paths.path(path).read_bytes().decode("utf-8", errors="replace")
-  except OSError as e:
-    raise UserError(f"cannot read the result log {path} ({e.strerror or e})") from None
-  out = []
-  for line in text.splitlines():
-    ev = _parse(line)
-    if ev is not None:
-      out.append(ev)
-  return out
-
-
-def _parse(line: str) -> Event | None:
-  try:
-    if _NEW in line:
-      raw = json.loads(line.split(_NEW, 1)[1])
-      return Event(str(raw["key"]), raw.get("value"), float(raw.get("time_ms") or 0) / 1e3,
-                   dict(raw.get("metadata") or {}))
-    m = _OLD.search(line)
-    if m:
-      raw = json.loads(m.group(3))
-      return Event(m.group(2), raw.get("value"), float(m.group(1)), dict(raw.get("metadata") or {}))
-  except (ValueError, KeyError, TypeError, AttributeError):
-    return None
-  return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,11 +93,11 @@ class RunLog:
     return extra if extra >= 0 else None
 
 
-def _first(evs: list[Event], key: str) -> Event | None:
+def _first(evs: list[Line], key: str) -> Line | None:
   return next((e for e in evs if e.key == key), None)
 
 
-def _value(evs: list[Event], *keys: str) -> Any:
+def _value(evs: list[Line], *keys: str) -> Any:
   for key in keys:
     e = _first(evs, key)
     if e is not None and e.value is not None:
@@ -149,7 +105,7 @@ def _value(evs: list[Event], *keys: str) -> Any:
   return None
 
 
-def _samples_of(e: Event, benchmark: str, gbs: int, train_examples: int, zero_based: bool
+def _samples_of(e: Line, benchmark: str, gbs: int, train_examples: int, zero_based: bool
                 ) -> float:
   """Training samples an evaluation event stands at."""
   meta = e.metadata
@@ -165,7 +121,8 @@ def _samples_of(e: Event, benchmark: str, gbs: int, train_examples: int, zero_ba
 
 def read(path: Path, train_examples: int | None = None) -> RunLog:
   """The run a result log describes; `train_examples` where the log does not say."""
-  evs = events(path)
+  log = ResultLog.read(path)
+  evs = log.events
   if not evs:
     raise UserError(f"{path}: no :::MLLOG or :::MLL lines; give an MLPerf result log")
   benchmark = str(_value(evs, "submission_benchmark") or "")
@@ -177,31 +134,31 @@ def read(path: Path, train_examples: int | None = None) -> RunLog:
   init_stop = _first(evs, "init_stop")
   if run_start is None or run_stop is None or not gbs:
     raise UserError(f"{path}: no run_start, run_stop or global_batch_size; not a complete run")
-  start = max(run_start.time_s, init_stop.time_s if init_stop else 0.0)
+  start = max(_s(run_start), _s(init_stop) if init_stop else 0.0)
   first_epochs = [e.metadata.get("first_epoch_num") for e in evs if e.key == "block_start"]
   zero_based = bool(first_epochs) and first_epochs[0] == 0
   evals = [e for e in evs if e.key in ("eval_accuracy", "eval_bleu", "eval_mlm_accuracy")
-           and e.value is not None and e.time_s <= run_stop.time_s]
+           and e.value is not None and _s(e) <= _s(run_stop)]
   blocks = _blocks(evs, benchmark, gbs, n_train, zero_based)
   samples = max(max((_samples_of(e, benchmark, gbs, n_train, zero_based) for e in evals),
                     default=0.0),
-                sum(b.samples for b in blocks if b.stop_s <= run_stop.time_s))
+                sum(b.samples for b in blocks if b.stop_s <= _s(run_stop)))
   return RunLog(
       path=Path(path), benchmark=benchmark, platform=str(_value(evs, "submission_platform") or ""),
       global_batch_size=gbs, success=(run_stop.metadata.get("status") == "success"),
-      run_s=run_stop.time_s - start, samples=samples, evals=len(evals),
+      run_s=_s(run_stop) - start, samples=samples, evals=len(evals),
       eval_samples=int(_value(evs, "eval_samples", "num_eval_examples") or 0),
       train_examples=n_train, blocks=blocks,
-      eval_s=_eval_times(evs), old_format=not any(_NEW in ln for ln in _head(path)),
+      eval_s=_eval_times(evs), old_format=log.old_format,
       start_s=start)
 
 
-def _head(path: Path) -> list[str]:
-  with open(path, encoding="utf-8", errors="replace") as f:
-    return [f.readline() for _ in range(50)]
+def _s(e: Line) -> float:
+  """An event's time in seconds."""
+  return e.time_ms / 1e3
 
 
-def _blocks(evs: list[Event], benchmark: str, gbs: int, n_train: int, zero_based: bool
+def _blocks(evs: list[Line], benchmark: str, gbs: int, n_train: int, zero_based: bool
             ) -> tuple[Block, ...]:
   """Block start/stop pairs (matched by first_epoch_num) and the samples each trained."""
   starts = {e.metadata.get("first_epoch_num"): e for e in evs if e.key == "block_start"}
@@ -217,13 +174,13 @@ def _blocks(evs: list[Event], benchmark: str, gbs: int, n_train: int, zero_based
       samples = count * n_train
     else:
       samples = count
-    out.append(Block(start.time_s, stop.time_s, samples))
+    out.append(Block(_s(start), _s(stop), samples))
   return tuple(out)
 
 
-def _eval_times(evs: list[Event]) -> tuple[float, ...]:
-  starts = {e.metadata.get("epoch_num"): e.time_s for e in evs if e.key == "eval_start"}
-  return tuple(e.time_s - starts[e.metadata.get("epoch_num")] for e in evs
+def _eval_times(evs: list[Line]) -> tuple[float, ...]:
+  starts = {e.metadata.get("epoch_num"): _s(e) for e in evs if e.key == "eval_start"}
+  return tuple(_s(e) - starts[e.metadata.get("epoch_num")] for e in evs
                if e.key == "eval_stop" and e.metadata.get("epoch_num") in starts)
 
 

@@ -1,18 +1,20 @@
-"""The calibration set: every published TPU MLPerf run of a workload mlbench has.
+"""The calibration set: every published MLPerf run of a workload mlbench has.
 
-Google's runs in ../shared/mlperf-results: v0.7 TPU-v3 (2,048 and 4,096 chips,
-JAX and TF) and TPU-v4 (8, 64 and 256 chips, TF), v2.0 TPU-v4 (3,456 and 4,096
-chips). Each run's time to train (median over its successful result logs) is
-predicted from mlbench's own full config compiled for the run's per-device
-batch (`costs`), the run's slice (`collectives`), and the steps and evaluations
-its logs record (`runlog`), by the model of `timemodel`, whose constants `fit`
-fits on them (least squares on log time) and judges leave-one-out.
+Google's TPU runs (shared/mlperf-results): v0.7 TPU-v3 (2,048 and 4,096 chips, JAX
+and TF) and TPU-v4 (8, 64 and 256 chips, TF), v2.0 TPU-v4 (3,456 and 4,096 chips).
+Each run's time to train (median over its successful result logs) is predicted from
+mlbench's own full config compiled for the run's per-device batch (the package's cost
+table, `mlbench.pod.costtable`, which `costs` writes), the run's slice
+(`mlbench.pod.collectives`), and the steps and evaluations its logs record (`runlog`),
+by the model of `mlbench.pod.timemodel`, whose constants `fit` fits on them (least
+squares on log time) and judges leave-one-out.
 
 Held out: Google's v0.6 TPU-v3 runs (16 to 1,024 chips, the older `:::MLL` log
-format; tests/data/mlperf-v0.6) are predicted, never fitted. GPU runs (v4.0
-NVIDIA, Dell) are predicted with the GPU constants.
+format; tests/data/mlperf-v0.6) are predicted, never fitted. GPU runs (v4.0 NVIDIA,
+Dell) are predicted with the GPU constants.
 
-    python -m mlbench.pod.fit [--write] [--results DIR]
+Where the logs are is given, never looked for: `measured(case, results, held_out)`;
+`default_results()` and `default_held_out()` are the command lines' defaults.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from mlbench import accelerators
-from mlbench.pod import collectives, costs, estimate, runlog, timemodel
+from mlbench.pod import collectives, costtable, estimate, timemodel
 from mlbench.pod.timemodel import StepCost
+
+from . import runlog
 
 # Logs that do not name their training set size.
 TRAIN_EXAMPLES = {"resnet": 1_281_167, "ssd": 117_266, "transformer": 566_340}
@@ -101,8 +105,8 @@ GPU_CASES = (
 # "ssd" logs (that round's ssd is RetinaNet, not mlbench's SSD-ResNet34).
 
 
-def default_root() -> Path:
-  """The published logs: $MLBENCH_MLPERF_RESULTS, else shared/mlperf-results beside the
+def default_results() -> Path:
+  """The published logs: $MLBENCH_MLPERF_RESULTS, else shared/mlperf-results beside this
   checkout (or beside the folder of worktrees)."""
   env = os.environ.get("MLBENCH_MLPERF_RESULTS")
   if env:
@@ -111,58 +115,9 @@ def default_root() -> Path:
                if (p / "shared" / "mlperf-results").is_dir()), Path("mlperf-results"))
 
 
-def _affine(points: dict[float, float], x: float) -> float:
-  """The straight line through two measured points at x; from one point, proportional to
-  x (exact for FLOPs, an overestimate of the HBM bytes of larger batches)."""
-  (x0, y0), *rest = sorted(points.items())
-  if not rest:
-    return y0 * x / x0 if x0 else y0
-  x1, y1 = rest[-1]
-  return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-
-
-def device_cost(records: dict[str, dict[str, Any]], workload: str, batch: float, model: int,
-                program: str) -> dict[str, float]:
-  """Per-device FLOPs, HBM bytes and collective bytes of `program` at a per-device
-  batch, from the cached compiles: a line in the batch, a line in the depth."""
-  mine = [r for r in records.values() if r["workload"] == workload and r["model"] == model]
-  if not mine:
-    raise KeyError(f"no cached compile of {workload} with model={model}; run "
-                   "python -m mlbench.pod.costs")
-  fields = {"flops": lambda p: p["flops_per_device"], "bytes": lambda p: p["bytes_per_device"],
-            "coll": lambda p: float(sum(p["collective_bytes"].values())),
-            "peak": lambda p: float(p["peak_bytes"])}
-  depths = sorted({r["depth"] or 0 for r in mine})
-  if workload in costs.FULL_DEPTH and len(depths) < 2:
-    raise KeyError(f"{workload} is compiled at one depth only; the full depth needs two (run "
-                   "python -m mlbench.pod.costs)")
-  shallow = [r for r in mine if (r["depth"] or 0) == depths[0]]
-  batches = sorted({r["batch"] for r in shallow})
-  if len(batches) == 1 and not batches[0] / 4 <= batch <= batches[0] * 4:
-    raise KeyError(f"{workload} is compiled at per-device batch {batches[0]} only; {batch:g} is "
-                   "too far from it to scale (python -m mlbench.pod.costs adds the second batch)")
-  out = {}
-  for name, get in fields.items():
-    # The shallowest depth at every compiled batch gives the line in the batch ...
-    value = _affine({r["batch"]: get(r[program]) for r in shallow}, batch)
-    full = costs.FULL_DEPTH.get(workload)
-    if full and len(depths) > 1:
-      # ... and a layer (the difference of two depths at one batch) scales with it.
-      b0 = min(r["batch"] for r in mine if (r["depth"] or 0) == depths[1])
-      at = {(r["depth"] or 0): get(r[program]) for r in mine if r["batch"] == b0}
-      base = get(next(r for r in shallow if r["batch"] == b0)[program])
-      layer = (at[depths[1]] - at[depths[0]]) / (depths[1] - depths[0])
-      value += layer * (full - depths[0]) * (value / base if base > 0 else 1.0)
-    out[name] = max(value, 0.0)
-  out["params"] = _params(mine, workload)
-  return out
-
-
-def _params(records: list[dict[str, Any]], workload: str) -> float:
-  """Parameters of the full-depth model, linear in the depth of the compiled ones."""
-  by_depth = {(r["depth"] or 0): float(r["params"]) for r in records}
-  full = costs.FULL_DEPTH.get(workload)
-  return _affine(by_depth, full) if full and len(by_depth) > 1 else next(iter(by_depth.values()))
+def default_held_out() -> Path:
+  """The held-out v0.6 logs this checkout carries (<org>/results/<system>/<benchmark>)."""
+  return Path(__file__).resolve().parents[2] / "tests" / "data" / "mlperf-v0.6"
 
 
 def fixed_bytes_per_param(records: dict[str, dict[str, Any]]) -> float:
@@ -173,7 +128,7 @@ def fixed_bytes_per_param(records: dict[str, dict[str, Any]]) -> float:
   ratios = []
   for workload in sorted({r["workload"] for r in records.values()}):
     try:
-      cost = device_cost(records, workload, 0.0, 1, "train")
+      cost = costtable.device_cost(records, workload, 0.0, 1, "train")
     except KeyError:
       continue  # one compiled batch: no line to read the intercept from
     ratios.append(cost["bytes"] / (4.0 * cost["params"]))
@@ -209,10 +164,18 @@ class Measured:
   warmup_s: float | None = None  # the first block's extra time, where block times are sound
 
 
-def measured(case: Case, root: Path) -> Measured:
-  folder = root / case.folder
-  if case.held_out and not folder.is_dir():
-    folder = Path(__file__).parents[2] / "tests" / "data" / "mlperf-v0.6" / case.folder[5:]
+def log_folder(case: Case, results: Path, held_out: Path | None = None) -> Path:
+  """Where a case's logs are: under `results` (<round>/<org>/results/...); a held-out v0.6
+  case's under `held_out` (<org>/results/...) where `results` lacks it."""
+  where = results / case.folder
+  if case.held_out and held_out is not None and not where.is_dir():
+    return held_out / case.folder.split("/", 1)[1]
+  return where
+
+
+def measured(case: Case, results: Path, held_out: Path | None = None) -> Measured:
+  """A case's runs, from its logs under `results` (`held_out`: see `log_folder`)."""
+  folder = log_folder(case, results, held_out)
   logs = runlog.runs(folder, TRAIN_EXAMPLES.get(case.benchmark))
   if not logs:
     raise FileNotFoundError(f"no successful result logs in {folder}")
@@ -240,10 +203,11 @@ def inputs(case: Case, m: Measured, records: dict[str, dict[str, Any]]) -> timem
   per_device = m.global_batch / data_devices
   # With m-way model parallelism a device does 1/m of a data shard's work (compiled
   # data-parallel figures at the shard's batch, split m ways).
-  train = _split(device_cost(records, workload, per_device, 1, "train"), case.model)
+  train = _split(costtable.device_cost(records, workload, per_device, 1, "train"), case.model)
   n_eval, eval_b = timemodel.eval_split(m.eval_examples, data_devices,
                                         max(1, math.ceil(per_device)))
-  evaluation = _split(device_cost(records, workload, eval_b, 1, "eval"), case.model)
+  evaluation = _split(costtable.device_cost(records, workload, eval_b, 1, "eval"),
+                      case.model)
   whole = estimate.torus_of(acc, case.grid, case.slices)
   torus = estimate.data_torus(whole, case.model)
   grad_bytes = GRAD_BYTES_PER_PARAM * train["params"]

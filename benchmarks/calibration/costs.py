@@ -1,4 +1,4 @@
-"""The compiled cost figures the calibration needs, cached as data (`calibration_costs.json`).
+"""Compiling the cost table the package carries (mlbench/pod/calibration_costs.json).
 
 The published TPU runs used 8 to 4,096 chips; compiling mlbench's full configs
 for each of those slices takes hours on a laptop (BERT-large on v3-8192: over an
@@ -6,18 +6,17 @@ hour per compile). What the time model needs from a compile is per device: the
 train step's FLOPs and HBM bytes (XLA's cost analysis), the eval step's, and
 the bytes of its collectives; for data parallelism those depend on the
 per-device batch, not on how many devices there are (the collectives' times
-come from the topology model in `collectives`). So each workload is compiled
-for a 4-chip TPU v4 slice at two per-device batches, and the figures of any
-per-device batch follow by straight-line interpolation (FLOPs are linear in the
-batch; HBM bytes are weights plus activations). BERT-large and Transformer-big
-are compiled at two depths as well (BERT 2 and 4 layers, the Transformer 1+1 and 2+2)
-at the smaller batch; the 24 and 6+6 layer figures follow linearly in the depth (a
-layer adds the same program each time), a layer's figures scaling with the batch as
-the whole program's do.
+come from the topology model in `mlbench.pod.collectives`). So each workload is
+compiled for a 4-chip TPU v4 slice at two per-device batches, and the figures of
+any per-device batch follow by straight-line interpolation (`mlbench.pod.costtable`,
+what `mlbench plan --costs calibration` and the calibration read). BERT-large and
+Transformer-big are compiled at two depths as well (BERT 2 and 4 layers, the
+Transformer 1+1 and 2+2) at the smaller batch; the 24 and 6+6 layer figures follow
+linearly in the depth.
 
 Regenerate (hours on a loaded 2-core machine, 3 to 42 minutes a compile; needs libtpu):
 
-    python -m mlbench.pod.costs [--only resnet50,bert|ssd@b32/m1] [--missing]
+    python -m benchmarks.calibration.costs [--only resnet50,bert|ssd@b32/m1] [--missing]
         [--out mlbench/pod/calibration_costs.json]
 """
 
@@ -29,15 +28,16 @@ import json
 import subprocess
 import sys
 import time
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from mlbench.pod import costtable
+
 SLICE = "v4-8"          # 4 chips, one device each
 DEVICES = 4
+# The keys of the depths compiled shallower than the full one (`costtable.FULL_DEPTH`).
 DEPTH_KEYS = {"bert": ("model.num_layers",),
               "transformer": ("model.encoder_layers", "model.decoder_layers")}
-FULL_DEPTH = {"bert": 24, "transformer": 6}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,26 +106,18 @@ def wanted(v: Variant, only: set[str], have: dict[str, Any], missing: bool) -> b
   return (not only or bool(only & {v.workload, v.key})) and not (missing and v.key in have)
 
 
-def default_path() -> Any:
-  return resources.files("mlbench").joinpath("pod", "calibration_costs.json")
-
-
-def load() -> dict[str, dict[str, Any]]:
-  """The cached records by variant key."""
-  return json.loads(default_path().read_text())["records"]
-
-
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--only", default="", help="comma-separated workloads or variant keys "
                   "(e.g. ssd@b32/m1)")
   ap.add_argument("--missing", action="store_true", help="skip variants already cached")
-  ap.add_argument("--out", type=Path, default=Path(str(default_path())))
+  ap.add_argument("--out", type=Path, default=Path(str(costtable.path())),
+                  help="the table to add the compiles to (default: the package's)")
   ap.add_argument("--timeout", type=int, default=3600)
   args = ap.parse_args()
   only = set(filter(None, args.only.split(",")))
   doc = json.loads(args.out.read_text()) if args.out.exists() else {"records": {}}
-  doc["generated_by"] = "python -m mlbench.pod.costs"
+  doc["generated_by"] = "python -m benchmarks.calibration.costs"
   for v in VARIANTS:
     if not wanted(v, only, doc["records"], args.missing):
       continue

@@ -5,7 +5,10 @@ set (one row per system and benchmark), with the constants held in physical
 bounds. Leave-one-out: each run predicted by constants fitted on all the
 others; the spread of those ratios is the uncertainty `check` states.
 
-    python -m mlbench.pod.fit [--write]   # --write: into accelerators.yaml (time_model)
+    python -m benchmarks.calibration.fit [--results DIR] [--held-out DIR] [--write]
+
+--write stores the constants where the package reads them: mlbench/accelerators.yaml
+(`time_model`; `--accelerators` names another copy).
 """
 
 from __future__ import annotations
@@ -20,9 +23,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from mlbench import accelerators
-from mlbench.pod import calibration, costs, timemodel
+from mlbench.pod import costtable, timemodel
 from mlbench.pod.timemodel import Constants
+
+from . import cases
 
 # (lower, upper) and starting points of the fitted constants, in Constants.FITTED order:
 # eta, hbm, fixed_flops, eval_overhead_s, kappa, fixed_bytes_per_param.
@@ -33,19 +40,21 @@ STARTS = ((0.5, 1.0, 2e11, 0.2, 1.0, 42.9), (0.3, 2.0, 1e12, 1.0, 0.5, 20.0),
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-  case: calibration.Case
-  measured: calibration.Measured
+  case: cases.Case
+  measured: cases.Measured
   inputs: timemodel.Inputs
 
 
-def rows(cases: tuple[calibration.Case, ...], root: Path) -> tuple[list[Row], list[str]]:
-  """The rows of the cases whose logs are here; the reasons the others are left out."""
-  records = costs.load()
+def rows(which: tuple[cases.Case, ...], results: Path, held_out: Path | None = None
+         ) -> tuple[list[Row], list[str]]:
+  """The rows of the cases whose logs are under `results` (or `held_out`, see
+  `cases.log_folder`); the reasons the others are left out."""
+  records = costtable.load()
   out, skipped = [], []
-  for case in cases:
+  for case in which:
     try:
-      m = calibration.measured(case, root)
-      out.append(Row(case, m, calibration.inputs(case, m, records)))
+      m = cases.measured(case, results, held_out)
+      out.append(Row(case, m, cases.inputs(case, m, records)))
     except (FileNotFoundError, KeyError) as e:
       skipped.append(f"{case.name}: {e}")
   return out, skipped
@@ -55,7 +64,8 @@ def base_constants() -> Constants:
   """The constants the fit starts from: the first starting point, the batch-independent
   bytes per parameter byte as the cached compiles measure them, no warm-up."""
   start = dict(zip(Constants.FITTED, STARTS[0]))
-  start["fixed_bytes_per_param"] = round(calibration.fixed_bytes_per_param(costs.load()), 2)
+  start["fixed_bytes_per_param"] = round(cases.fixed_bytes_per_param(costtable.load()),
+                                         2)
   return Constants(**start, warmup_s=0.0)
 
 
@@ -136,22 +146,23 @@ def spread(ratios: list[float]) -> dict[str, float]:
 
 
 def write(platform: str, c: Constants, loo: dict[str, float], n: int,
-          path: Path | None = None, note: str = "", cases: str = "CASES",
+          path: Path | None = None, note: str = "", case_set: str = "CASES",
           fitted: str = ", ".join(Constants.FITTED)) -> None:
-  """Stores the constants and their provenance in accelerators.yaml (`time_model`)."""
+  """Stores the constants and their provenance in accelerators.yaml (`time_model`): the
+  package's (what `mlbench check` and `mlbench plan` read), or the copy at `path`."""
   path = path or Path(accelerators.__file__).with_name("accelerators.yaml")
   text = path.read_text()
   head = text.split("\ntime_model:\n", 1)[0].split("\n# The pod time model's", 1)[0]
   head = head.rstrip("\n") + "\n"
-  doc = accelerators._document().get("time_model") or {}
+  doc = yaml.safe_load(text).get("time_model") or {}
   doc = {k: v for k, v in doc.items() if k != platform}
   doc[platform] = {**{k: _num(v) for k, v in zip(Constants.NAMES, c.to_list())},
                    "eta_by": {k: float(f"{v:.4g}") for k, v in c.eta_by},
                    "warmup_by": {k: float(f"{v:.4g}") for k, v in c.warmup_by},
                    "fitted_constants": fitted,
-                   "fitted_on": f"{n} published runs (mlbench/pod/calibration.py {cases})",
+                   "fitted_on": f"{n} published runs (benchmarks/calibration/cases.py {case_set})",
                    "fitted": datetime.date.today().isoformat(),
-                   "command": "python -m mlbench.pod.fit --write",
+                   "command": "python -m benchmarks.calibration.fit --write",
                    "leave_one_out": loo, **({"note": note} if note else {})}
   accelerators._document.cache_clear()
   accelerators.table.cache_clear()
@@ -196,13 +207,13 @@ class Calibration:
 
 
 
-def calibrate(root: Path) -> Calibration:
+def calibrate(results: Path, held_out: Path | None = None) -> Calibration:
   """Fits the TPU constants on the calibration set, and the GPU efficiency (one constant,
   the rest the TPU's: four runs cannot fit seven) on the H100 runs; leave-one-out for
-  both."""
-  tpu, left = rows(tuple(c for c in calibration.CASES if not c.held_out), root)
-  held, left_h = rows(tuple(c for c in calibration.CASES if c.held_out), root)
-  gpu, left_g = rows(calibration.GPU_CASES, root)
+  both. The logs are under `results`, the held-out v0.6 ones under `held_out`."""
+  tpu, left = rows(tuple(c for c in cases.CASES if not c.held_out), results)
+  held, left_h = rows(tuple(c for c in cases.CASES if c.held_out), results, held_out)
+  gpu, left_g = rows(cases.GPU_CASES, results)
   c = fit(tpu, base_constants())
   fitted = [r for r in gpu if not r.case.not_fitted]
   # The GPU runs' own warm-ups, as their logs show them.
@@ -232,21 +243,27 @@ TPU_NOTE = ("warm-up measured, not fitted: the first block's time beyond the ste
 
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--results", type=Path, default=calibration.default_root())
+  ap.add_argument("--results", type=Path, default=cases.default_results(),
+                  help="the published logs (<round>/<org>/results/...)")
+  ap.add_argument("--held-out", type=Path, default=cases.default_held_out(),
+                  help="the held-out v0.6 logs (<org>/results/...)")
   ap.add_argument("--write", action="store_true", help="store the constants")
+  ap.add_argument("--accelerators", type=Path, default=None,
+                  help="the accelerators.yaml to store them in (default: the package's)")
   args = ap.parse_args()
-  cal = calibrate(args.results)
+  cal = calibrate(args.results, args.held_out)
   for s in cal.left_out:
     print(f"left out: {s}", file=sys.stderr)
   print("tpu", cal.tpu_constants, spread(cal.tpu_loo))
   print("gpu", cal.gpu_constants, spread(cal.gpu_loo) if cal.gpu_loo else "-")
   if args.write:
-    write("tpu", cal.tpu_constants, spread(cal.tpu_loo), len(cal.tpu), note=TPU_NOTE)
+    write("tpu", cal.tpu_constants, spread(cal.tpu_loo), len(cal.tpu), args.accelerators,
+          note=TPU_NOTE)
     if cal.gpu:
-      write("gpu", cal.gpu_constants, spread(cal.gpu_loo), len(cal.gpu), cases="GPU_CASES",
+      write("gpu", cal.gpu_constants, spread(cal.gpu_loo), len(cal.gpu), args.accelerators,
+            case_set="GPU_CASES", fitted="eta_by.h100",
             note="the h100 eta fitted on the H100 runs (GPU_CASES), their warm-ups measured on "
-                 "their logs, the others the TPU fit's",
-            fitted="eta_by.h100")
+                 "their logs, the others the TPU fit's")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,261 @@
+"""Reading MLPerf result logs, both formats: every event with its real line number.
+
+`:::MLLOG {json}` (MLPerf v0.7 on, mlperf-logging) and the older
+`:::MLL <unix seconds> <key>: {"value": ..., "metadata": {...}}` (v0.5 and v0.6, and
+the TPU-pod papers' own runs). The one reader of logs: `validate` judges the
+`:::MLLOG` lines (`ResultLog.lines`, what the official tools read), `compare` scores
+each run's time to train (`ResultLog.time_to_train_ms`, as result_summarizer does),
+`check --from-log` takes the samples a run trained from its events in either format
+(`ResultLog.events`), and the time model's calibration (benchmarks/calibration) the
+published runs' steps and times.
+
+The official parser numbers lines among `:::MLLOG` lines only and raises on some
+malformed lines; validate reports file line numbers and must survive any input, so
+this reader is tolerant and reads in bounded memory: a line that is neither format is
+skipped, a malformed `:::MLLOG` line is kept as an error. The official checkers still
+judge every log themselves (`mlbench.verify.official`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import io
+import json
+import math
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from mlbench.errors import UserError
+from mlbench.storage import paths
+
+TOKEN = ":::MLLOG "
+OLD_TOKEN = ":::MLL "  # v0.6 format
+_OLD = re.compile(r":::MLL\s+([\d.]+)\s+([\w.]+):\s*(\{.*\})\s*$")
+CHUNK = 1 << 16  # characters read at a time
+# The official parser would take hours on a :::MLLOG line of this length (see
+# mlbench.verify.official.screen), and the longest published one has 2,211
+# characters: longer lines are counted, not kept. All lines together are read
+# up to MAX_READ characters, 400 times the largest published log.
+MAX_LINE_READ = 1 << 20
+MAX_READ = 64 << 20
+QUOTE = 1000  # characters of an unread line kept to quote it
+MAX_TIME_MS = 1e14  # the year 5138: a larger time_ms is no millisecond timestamp
+
+
+@dataclasses.dataclass(frozen=True)
+class Line:
+  """One event: a `:::MLLOG` line, or a v0.6 `:::MLL` line (its seconds in milliseconds)."""
+
+  lineno: int  # 1-based line number in the file
+  time_ms: float
+  key: str
+  value: Any
+  metadata: dict[str, Any]
+  text: str
+
+
+@dataclasses.dataclass
+class ResultLog:
+  """A parsed result log."""
+
+  path: Path
+  lines: list[Line]  # the :::MLLOG lines: what the official tools read and validate judges
+  errors: list[tuple[int, str, str]]  # (lineno, text, problem)
+  old_format: bool = False
+  # What the official parser's cost depends on (its regex is quadratic in a
+  # line's length; see mlbench.verify.screen): the file's size, its
+  # longest :::MLLOG line (lineno, characters) and the sum of their squares.
+  size: int = 0
+  longest: tuple[int, int] = (0, 0)
+  squares: int = 0
+  old_lines: list[Line] = dataclasses.field(default_factory=list)  # the v0.6 `:::MLL` lines
+
+  @classmethod
+  def read(cls, path: paths.PathLike) -> ResultLog:
+    """Reads a log, on a disk or in a bucket, in bounded memory: a line is read in chunks,
+    and of a line longer than `MAX_LINE_READ` characters only its length and start are kept.
+
+    Raises:
+      UserError: the file cannot be read.
+    """
+    where = paths.path(path)
+    log = cls(path if isinstance(path, paths.Path) else Path(path), [], [])
+    try:
+      with where.open("rb") as raw, io.TextIOWrapper(raw, encoding="latin-1") as f:
+        log._take(_scan(f))
+      log.size = where.stat().length
+    except OSError as e:
+      raise UserError(f"cannot read the result log {path} ({e.strerror or e})") from None
+    return log
+
+  def _take(self, scanned: Iterator[tuple[int, str | None, int, bool]]) -> None:
+    """Keeps each scanned line as an event or an error, and the figures of the longest."""
+    longest, read = (0, 0), 0
+    for n, text, chars, old in scanned:
+      self.old_format |= old
+      if text is None:
+        continue
+      read += len(text)
+      if read > MAX_READ:
+        self.errors.append((n, "", f"not read from line {n} on: the file holds more than "
+                            f"{MAX_READ // 2**20} MiB of log lines, far more than any real log"))
+        break
+      if old:  # a v0.6 line: an event or nothing, never an error (validate judges :::MLLOG)
+        if (event := _parse_old(n, text)) is not None:
+          self.old_lines.append(event)
+        continue
+      self.squares += chars ** 2
+      longest = max(longest, (chars, -n))
+      if chars > len(text):
+        self.errors.append((n, text[:QUOTE], f"not read: the line is {chars:,} characters long "
+                            f"(mlbench reads :::MLLOG lines of up to {MAX_LINE_READ // 2**20} "
+                            "MiB; published ones have a few thousand)"))
+        continue
+      line, problem = _parse(n, text)
+      if line is None:
+        self.errors.append((n, text, problem))
+      else:
+        self.lines.append(line)
+    self.longest = (-longest[1], longest[0])
+
+  @property
+  def events(self) -> list[Line]:
+    """Every event of the log in either format (`lines` and `old_lines`), in file order."""
+    return sorted(self.lines + self.old_lines, key=lambda ln: ln.lineno)
+
+  @property
+  def time_to_train_ms(self) -> float | None:
+    """run_stop - run_start (the first of each), as MLPerf scores a run; None without both."""
+    start, stop = self.first("run_start"), self.first("run_stop")
+    return None if start is None or stop is None else stop.time_ms - start.time_ms
+
+  def all(self, key: str) -> list[Line]:
+    return [ln for ln in self.lines if ln.key == key]
+
+  def first(self, key: str) -> Line | None:
+    return next((ln for ln in self.lines if ln.key == key), None)
+
+  def value(self, key: str, default: Any = None) -> Any:
+    line = self.first(key)
+    return default if line is None else line.value
+
+  @property
+  def benchmark(self) -> str | None:
+    return self.value("submission_benchmark")
+
+  @property
+  def division(self) -> str | None:
+    return self.value("submission_division")
+
+  @property
+  def success(self) -> bool:
+    stop = self.first("run_stop")
+    return stop is not None and stop.metadata.get("status") == "success"
+
+  @property
+  def date(self) -> datetime.date | None:
+    """The day of the first real timestamp (some published lines carry time_ms 0;
+    a time_ms past MAX_TIME_MS is no date in milliseconds: see `not_ms`)."""
+    stamps = [ln.time_ms for ln in self.lines if 1e11 < ln.time_ms < MAX_TIME_MS]  # after 1973
+    if not stamps:
+      return None
+    return datetime.datetime.fromtimestamp(min(stamps) / 1000, datetime.timezone.utc).date()
+
+  def not_ms(self) -> Line | None:
+    """The first line whose time_ms cannot be milliseconds since 1970 (microseconds,
+    say: year 50,000 and more), or None."""
+    return next((ln for ln in self.lines if not ln.time_ms < MAX_TIME_MS), None)
+
+
+def year(time_ms: float) -> str:
+  """The year `time_ms` falls in, in words (no datetime: it may be far out of range)."""
+  years = time_ms / 1000 / 31_556_952  # seconds in a Gregorian year
+  return f"{math.floor(1970 + years):,}" if math.isfinite(years) else str(time_ms)
+
+
+def _parse(n: int, text: str) -> tuple[Line | None, str]:
+  try:
+    d = json.loads(text[len(TOKEN):])
+    return Line(n, float(d["time_ms"]), str(d["key"]), d["value"], dict(d["metadata"] or {}),
+                text), ""
+  except (ValueError, KeyError, TypeError, RecursionError) as e:  # RecursionError: deep nesting
+    return None, f"not a valid :::MLLOG line ({type(e).__name__}: {str(e)[:200]})"
+
+
+def is_log(path: Path) -> bool:
+  """Whether a file holds at least one MLPerf log line (read in chunks: a file
+  without newlines costs no more memory than one with them)."""
+  tokens = (TOKEN.encode(), OLD_TOKEN.encode())
+  keep = max(map(len, tokens)) - 1  # a token may straddle two chunks
+  try:
+    with open(path, "rb") as f:
+      tail = b""
+      while chunk := f.read(CHUNK):
+        window = tail + chunk
+        if any(t in window for t in tokens):
+          return True
+        tail = window[-keep:]
+  except OSError:
+    return False
+  return False
+
+
+def _parse_old(n: int, text: str) -> Line | None:
+  """A v0.6 `:::MLL` line as an event (its seconds in milliseconds); None if it is none."""
+  m = _OLD.match(text)
+  if m is None:
+    return None
+  try:
+    raw = json.loads(m.group(3))
+    return Line(n, float(m.group(1)) * 1e3, m.group(2), raw.get("value"),
+                dict(raw.get("metadata") or {}), text)
+  except (ValueError, TypeError, AttributeError, RecursionError):
+    return None
+
+
+def _scan(f: Any) -> Iterator[tuple[int, str | None, int, bool]]:
+  """(line number, its log text or None, that text's length, whether the text is a v0.6
+  `:::MLL` line) for each line of a text file, in bounded memory.
+
+  The text runs from the token to the end of the line, stripped (`:::MLLOG` where the
+  line holds it, else `:::MLL`); of a line longer than MAX_LINE_READ only the first
+  MAX_LINE_READ characters are kept.
+  """
+  n = 0
+  while part := f.readline(CHUNK):
+    n += 1
+    text, chars, old, tail = None, 0, False, ""
+    while True:
+      if text is None or old:  # still looking for :::MLLOG
+        window = tail + part
+        at = window.find(TOKEN)
+        if at >= 0:
+          text, chars, old = window[at:at + MAX_LINE_READ + 1], len(window) - at, False
+        elif text is None and (at := window.find(OLD_TOKEN)) >= 0:
+          text, chars, old = window[at:at + MAX_LINE_READ + 1], len(window) - at, True
+        elif text is not None:
+          text, chars = _more(text, chars, part)
+        tail = window[-(len(TOKEN) - 1):]
+      else:
+        text, chars = _more(text, chars, part)
+      if part.endswith("\n"):
+        break
+      part = f.readline(CHUNK)
+      if not part:
+        break
+    if text is not None and len(text) <= MAX_LINE_READ:  # kept whole
+      text = text.strip()
+      chars = len(text)
+    elif text is not None:
+      chars -= len(part) - len(part.rstrip())  # the line's end, as str.strip() drops it
+    yield n, text, chars, old
+
+
+def _more(text: str, chars: int, part: str) -> tuple[str, int]:
+  """A line's text and length with its next part: the text kept to MAX_LINE_READ + 1."""
+  if len(text) <= MAX_LINE_READ:
+    text += part[:MAX_LINE_READ + 1 - len(text)]
+  return text, chars + len(part)

@@ -1,0 +1,120 @@
+"""The time model's calibration (benchmarks/calibration, outside the package): what it reads
+of published logs, that its fit finds known constants, and that the constants the package
+carries (mlbench/accelerators.yaml) are its fit of today's logs and compiles."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from benchmarks.calibration import cases, costs, fit, runlog
+from mlbench.pod import estimate, timemodel
+
+DATA = Path(__file__).parents[1] / "data"
+V06 = DATA / "mlperf-v0.6" / "Google" / "results"
+V07 = DATA / "mlperf-results" / "v0.7" / "Google" / "results"
+
+
+def test_the_old_mll_format_is_read_from_a_published_v06_log():
+  r = runlog.read(V06 / "tpu-v3-128" / "resnet" / "result_0.txt")
+  assert r.old_format and r.success and r.benchmark == "resnet" and r.platform == "tpu-v3-128"
+  assert r.global_batch_size == 16384 and r.train_examples == 1_281_167
+  assert r.run_s == pytest.approx(1558516333.791 - 1558515660.674)  # run_start..run_stop
+  assert r.evals == 16 and r.samples == 64 * 1_281_167  # the last eval at epoch 64
+  # 16 blocks of 4 epochs, about 41 s each: 4 x 1,281,167 / 16,384 = 312.8 steps a block.
+  assert r.sound_step_s() == pytest.approx(41.0 / (4 * 1_281_167 / 16384), rel=0.01)
+
+
+def test_mllog_lines_and_a_run_start_logged_before_init_stop():
+  jax_bert = runlog.read(V07 / "tpu-v3-8192-JAX" / "bert" / "result_0.txt")
+  assert not jax_bert.old_format and jax_bert.global_batch_size == 8192
+  assert jax_bert.samples == jax_bert.steps * 8192 and 400 < jax_bert.steps < 700  # v0.7: steps
+  # The TF SSD log stamps run_start 15 hours before init_stop; its blocks start at init_stop.
+  ssd = runlog.read(V07 / "tpu-v3-8192-TF" / "ssd" / "result_0.txt")
+  assert 20 < ssd.run_s < 40 and ssd.sound_step_s() is None  # async blocks: not sound
+
+
+def test_evaluations_logged_after_run_stop_are_not_the_runs():
+  """SSD scores COCO on the host while training goes on: the v0.7 JAX run's target eval
+  (epoch 80) comes back at epoch 112, and it logs eight more evaluations of training
+  after run_stop; the v0.6 TF run logs its epoch-65 evaluation after run_stop too."""
+  jax_ssd = runlog.read(V07 / "tpu-v3-4096-JAX" / "ssd" / "result_0.txt", 118_287)
+  assert jax_ssd.evals == 8  # epochs 40 and 50 to 80
+  assert jax_ssd.samples == 112 * 118_287  # the 112 one-epoch blocks done by run_stop
+  v06 = runlog.read(V06 / "tpu-v3-256" / "ssd" / "result_0.txt", 117_266)
+  assert v06.evals == 5 and v06.samples == 59 * 117_266
+
+
+@pytest.fixture(scope="module")
+def tpu_rows():
+  rows, _ = fit.rows(tuple(c for c in cases.CASES if not c.held_out), cases.default_results())
+  if len(rows) < 20:
+    pytest.skip("the published logs (shared/mlperf-results) are not beside this checkout")
+  return rows
+
+
+def test_the_fit_recovers_known_constants_and_leave_one_out_predicts_each_run(tpu_rows):
+  """Rows of real calibration cases whose 'measured' times come from known constants (the
+  warm-ups the logs show, which the fit measures rather than fits)."""
+  default, by = fit.warmups(tpu_rows)
+  assert dict(by)["resnet50"] > 1 and len(by) == 4  # ResNet-50 fills its input pipeline
+  true = timemodel.Constants(eta=0.45, hbm=1.2, fixed_flops=3e11, warmup_s=default,
+                             warmup_by=by, eval_overhead_s=0.4, kappa=0.7,
+                             fixed_bytes_per_param=40.0)
+  fake = [dataclasses.replace(r, measured=dataclasses.replace(
+      r.measured, run_s=timemodel.predict(r.inputs, true).total_s)) for r in tpu_rows]
+  got = fit.fit(fake, dataclasses.replace(true, eta=0.6, hbm=1.0, fixed_flops=1e11,
+                                          eval_overhead_s=0.1, kappa=1.0,
+                                          fixed_bytes_per_param=30.0))
+  assert fit.spread([timemodel.predict(r.inputs, got).total_s / r.measured.run_s
+                     for r in fake])["worst"] < 1.01
+  assert got.eta == pytest.approx(0.45, rel=0.05)
+  assert got.fixed_flops == pytest.approx(3e11, rel=0.2)
+  assert got.kappa == pytest.approx(0.7, abs=0.1)
+  assert got.warmup_by == by
+  gpu_like = [dataclasses.replace(r, inputs=dataclasses.replace(r.inputs, accelerator="h100"))
+              for r in fake[:4]]
+  assert fit.spread(fit.leave_one_out(gpu_like, got, only_eta=True))["worst"] < 1.02
+
+
+def test_the_stored_tpu_constants_are_the_fit_of_the_calibration_set(tpu_rows):
+  """accelerators.yaml holds what `python -m benchmarks.calibration.fit --write` fits today:
+  a change to the model, the logs or the compiles that moves the fit must refit and store
+  it."""
+  stored, provenance = estimate.constants("tpu")
+  got = fit.fit(tpu_rows, fit.base_constants())
+  for name in ("eta", "hbm", "fixed_flops", "fixed_bytes_per_param"):
+    assert getattr(stored, name) == pytest.approx(getattr(got, name), rel=0.01), name
+  assert stored.kappa == pytest.approx(got.kappa, abs=0.01)
+  assert stored.warmup_s == pytest.approx(got.warmup_s, abs=0.01)
+  assert dict(stored.warmup_by) == pytest.approx(dict(got.warmup_by), abs=0.01)
+  assert provenance["leave_one_out"]["runs"] == len(tpu_rows)
+
+
+def test_only_the_compiles_asked_for_are_made():
+  have = {"bert@b2/m1/L2": {}}
+  keys = [v.key for v in costs.VARIANTS if costs.wanted(v, {"ssd@b32/m1", "bert"}, have, True)]
+  assert keys == ["ssd@b32/m1", "bert@b2/m1/L4", "bert@b16/m1/L2"]
+  assert len([v for v in costs.VARIANTS if costs.wanted(v, set(), have, False)]) == len(
+      costs.VARIANTS)
+
+
+def test_the_constants_written_are_the_ones_the_package_reads(tmp_path):
+  """`fit.write` replaces a platform's time_model entry of an accelerators.yaml, keeping
+  the rest of the file, in the form `estimate.constants` reads."""
+  from mlbench import accelerators
+
+  path = tmp_path / "accelerators.yaml"
+  path.write_text(Path(accelerators.__file__).with_name("accelerators.yaml").read_text())
+  stored, provenance = estimate.constants("tpu")
+  changed = dataclasses.replace(stored, eta=0.25, warmup_by=(("bert", 1.5),))
+  fit.write("tpu", changed, provenance["leave_one_out"], 24, path, note="a test")
+  doc = yaml.safe_load(path.read_text())
+  assert timemodel.Constants.from_dict(doc["time_model"]["tpu"]) == changed
+  assert doc["time_model"]["tpu"]["command"] == "python -m benchmarks.calibration.fit --write"
+  assert doc["time_model"]["gpu"] == accelerators.time_model("gpu")
+  assert doc["tpu_v4"] == yaml.safe_load(Path(accelerators.__file__).with_name(
+      "accelerators.yaml").read_text())["tpu_v4"]
