@@ -295,3 +295,12 @@ def test_the_checker_finds_files_and_cycles():
   assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
   assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
   assert not _plugin_api("mlbench.train.loop") and _plugin_api("mlbench.workload.Split")
+
+def test_test_files_have_distinct_names():
+  # Test folders are not packages: pytest imports each file by its basename, and a second
+  # file of the same name is not collected at all ("import file mismatch").
+  seen: dict[str, list[str]] = {}
+  for path in (ROOT / "tests").rglob("test_*.py"):
+    if not (path.parent / "__init__.py").exists():
+      seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+  assert not {name: where for name, where in seen.items() if len(where) > 1}

@@ -83,15 +83,15 @@ def test_one_compile_per_per_device_batch_then_none_from_the_cache(mlbench, tmp_
   assert [c["time_s"] for c in again["candidates"]] == [c["time_s"] for c in doc["candidates"]]
 
 
-@pytest.mark.slow  # three compiles of the mini ResNet-50 for TPU v4 slices (about a minute)
+@pytest.mark.slow  # two compiles of the mini ResNet-50 for TPU v4 slices (about 30 s)
 def test_the_per_device_program_does_not_depend_on_the_data_axis(mlbench, tmp_path):
   """Why one compile serves every slice of a generation at a per-device batch: the same
-  16 examples a chip on 4, 16 and 64 v4 chips compile to the same per-device FLOPs, HBM
+  16 examples a chip on 4 and 64 v4 chips compile to the same per-device FLOPs, HBM
   bytes, peak memory and gradient all-reduce bytes (only the all-reduce's group grows,
   which the plan times on each slice's torus)."""
   pytest.importorskip("libtpu")
   seen = []
-  for slice_, chips in (("v4-8", 4), ("v4-32", 16), ("v4-128", 64)):
+  for slice_, chips in (("v4-8", 4), ("v4-128", 64)):
     out = mlbench("check", "resnet50", "--topology", slice_, "--set",
                   f"global_batch_size={16 * chips}", "--set", f"eval_batch_size={16 * chips}",
                   "--json", cwd=tmp_path)
@@ -101,4 +101,4 @@ def test_the_per_device_program_does_not_depend_on_the_data_axis(mlbench, tmp_pa
     seen.append((train["flops"] / chips, train["bytes_accessed"], train["peak_bytes"],
                  train["collective_bytes"], evaluation["flops"] / chips,
                  evaluation["bytes_accessed"], evaluation["peak_bytes"]))
-  assert seen[0] == seen[1] == seen[2]
+  assert seen[0] == seen[1]
