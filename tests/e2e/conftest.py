@@ -45,6 +45,16 @@ def official_check(tmp_path):
   return check
 
 
+@pytest.fixture
+def budget_rule():
+  """The ResNet-50 mini rules with the target at 0: a run ended by its budget, below the
+  mini's target, is held by the official checker to every other rule."""
+  from mlbench import rules
+
+  rule = rules.load("resnet", "mini")
+  return dataclasses.replace(rule, quality=dataclasses.replace(rule.quality, target=0.0))
+
+
 def _required_keys(ruleset: str, *files: str) -> set[str]:
   from mlbench import compliance
 
