@@ -61,15 +61,15 @@ def _train(workload, mesh_shape, *, wus=False):
   return _TRAINED[key]
 
 
-def _train_5_steps(workload, mesh_shape, *, wus=False, steps_n=5, devices=None):
+def _train_5_steps(workload, mesh_shape, *, wus):
   cfg = workload.configs["mini"]()
   sched = workload.schedule(cfg)
-  mesh = mesh_lib.make_mesh(mesh_shape, devices=devices)
+  mesh = mesh_lib.make_mesh(mesh_shape)
   programs = steps.compile_programs(workload, cfg, sched, mesh, StepContext(mesh=mesh),
                                     workload.optimizer(cfg, sched), weight_update_sharding=wus)
   state = programs.init_state(0)
   rng = np.random.default_rng(0)
-  for _ in range(steps_n):
+  for _ in range(5):
     batch = workload.synthetic_batch(cfg, Split.TRAIN, sched.global_batch_size, rng)
     state, _ = programs.train(state, programs.fresh_sums(),
                               mesh_lib.to_global(batch, programs.batch_sharding,
