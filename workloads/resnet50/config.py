@@ -11,7 +11,7 @@ import enum
 
 from mlbench.fields import (AttentionImpl, DType, EpochConfig, LrScaling, at_least, fraction,
                             positive, require, switch)
-from workloads.common.conv import Stem
+from workloads.common.conv import Stem, check_stem_input
 from workloads.common.imagenet import Source, image_records
 
 
@@ -123,6 +123,7 @@ class ResNetConfig(EpochConfig[ModelConfig, DataConfig, OptimizerConfig]):
   def __post_init__(self):
     super().__post_init__()
     at_least(self, 0, "eval_offset_epochs")
+    check_stem_input(self.model.stem, self.data.image_size)
 
 
 def full() -> ResNetConfig:
