@@ -81,44 +81,60 @@ def _first_batch(files, decode, n: int) -> dict[str, np.ndarray]:
 
 
 def _loss_and_grads(w, cfg, batch):
-  params, state = w.init(cfg, jax.random.key(0))
+  """(params, loss, grads) of the workload's training loss."""
   ctx = StepContext(mesh=None)
-  (loss, _), grads = jax.value_and_grad(
-      lambda p: w.loss(cfg, ctx, p, state, batch, jax.random.key(1)), has_aux=True)(params)
-  return params, loss, grads
+
+  @jax.jit
+  def run(batch):
+    params, state = w.init(cfg, jax.random.key(0))
+    (loss, _), grads = jax.value_and_grad(
+        lambda p: w.loss(cfg, ctx, p, state, batch, jax.random.key(1)), has_aux=True)(params)
+    return params, loss, grads
+
+  return run(batch)
 
 
-def _same_model(w, plain, s2d, plain_batch, s2d_batch) -> None:
-  """Same parameters from the same seed, the same loss and gradients on the same images."""
-  np.testing.assert_array_equal(s2d_batch["image"], conv.space_to_depth(plain_batch["image"]))
-  p_plain, loss_plain, g_plain = _loss_and_grads(w, plain, plain_batch)
-  p_s2d, loss_s2d, g_s2d = _loss_and_grads(w, s2d, s2d_batch)
-  jax.tree.map(np.testing.assert_array_equal, p_s2d, p_plain)
-  np.testing.assert_allclose(loss_s2d, loss_plain, rtol=1e-6)
-  flat_plain = flax.traverse_util.flatten_dict(g_plain, sep="/")
-  for name, g in flax.traverse_util.flatten_dict(g_s2d, sep="/").items():
-    # float32 sums in another order, through batch norm over a small batch: 1e-5 of the
-    # largest entry is what that costs; a misplaced pixel costs whole units.
-    scale = float(np.abs(flat_plain[name]).max())
-    np.testing.assert_allclose(g, flat_plain[name], atol=1e-4 * scale, rtol=0, err_msg=name)
+def _assert_same_grads(got, want) -> None:
+  """Per parameter: float32 sums in another order, through batch norm over a small batch,
+  differ by 1e-5 of the largest entry; a misplaced pixel costs whole units."""
+  flat_want = flax.traverse_util.flatten_dict(want, sep="/")
+  for name, g in flax.traverse_util.flatten_dict(got, sep="/").items():
+    scale = float(np.abs(flat_want[name]).max())
+    np.testing.assert_allclose(g, flat_want[name], atol=1e-4 * scale, rtol=0, err_msg=name)
 
 
 def test_resnet_on_real_digits_through_the_pipeline(data_dir):
+  """The whole model, loss and gradients, on digits decoded by the real pipeline: the same
+  parameters from the same seed, the same loss and gradients (two stages: the stem is what
+  differs, and each compile costs seconds)."""
   mini = resnet_config.mini()
-  plain, s2d = (config_lib.override(mini, (s,)) for s in (PLAIN, S2D))
+  plain, s2d = (config_lib.override(mini, (s, "model.stage_sizes=1,1")) for s in (PLAIN, S2D))
   files = imagenet.files(mini, data_dir, Split.EVAL)
   batches = [_first_batch(files, input_pipeline.decode(c, Split.EVAL), 32) for c in (plain, s2d)]
   assert batches[1]["image"].shape == (32, 12, 12, 12)
-  _same_model(RESNET, plain, s2d, *batches)
+  np.testing.assert_array_equal(batches[1]["image"], conv.space_to_depth(batches[0]["image"]))
+  p_plain, loss_plain, g_plain = _loss_and_grads(RESNET, plain, batches[0])
+  p_s2d, loss_s2d, g_s2d = _loss_and_grads(RESNET, s2d, batches[1])
+  jax.tree.map(np.testing.assert_array_equal, p_s2d, p_plain)
+  np.testing.assert_allclose(loss_s2d, loss_plain, rtol=1e-6)
+  _assert_same_grads(g_s2d, g_plain)
 
 
-def test_ssd_on_real_scenes_through_the_pipeline(ssd_data_dir):
-  # The mini's stages at stride 1 keep its 8x8, 4x4 and 2x2 maps behind the 4x strided stem.
+def test_ssd_backbone_on_real_scenes_through_the_pipeline(ssd_data_dir):
+  """SSD's backbone (its stem pools as torchvision does) on scenes decoded by SSD's real
+  training pipeline: the same features and parameter gradients with the same weights."""
+  from workloads.ssd.model import Backbone
+
   mini = ssd_config.mini()
   plain, s2d = (config_lib.override(mini, (s, "model.stage_strides=1,1,1")) for s in (PLAIN, S2D))
   files = ssd_input.files(mini, ssd_data_dir, Split.TRAIN)
-  batches = [_first_batch(files, ssd_input.decode(c, Split.TRAIN), 16) for c in (plain, s2d)]
-  _same_model(SSD, plain, s2d, *batches)
+  images = [_first_batch(files, ssd_input.decode(c, Split.TRAIN), 16)["image"]
+            for c in (plain, s2d)]
+  np.testing.assert_array_equal(images[1], conv.space_to_depth(images[0]))
+  out = [_features_and_grads(Backbone(c.model), x) for c, x in zip((plain, s2d), images)]
+  assert out[0][0].shape == (16, 8, 8, 64)
+  np.testing.assert_allclose(out[1][0], out[0][0], rtol=1e-4, atol=1e-4)
+  _assert_same_grads(out[1][1], out[0][1])
 
 
 def test_the_full_stem_on_a_real_photo(photo_record):
@@ -138,8 +154,8 @@ def test_the_full_stem_on_a_real_photo(photo_record):
                                 conv.space_to_depth(images[Stem.IMAGENET]))
   features, grads = {}, {}
   for cfg in (plain, s2d):
-    features[cfg.model.stem], grads[cfg.model.stem] = _stem_and_kernel_grads(
-        cfg.model, images[cfg.model.stem])
+    features[cfg.model.stem], grads[cfg.model.stem] = _features_and_grads(
+        _Stem(cfg.model), images[cfg.model.stem])
   assert features[Stem.IMAGENET].shape == (2, 56, 56, 64)
   np.testing.assert_allclose(features[Stem.SPACE_TO_DEPTH], features[Stem.IMAGENET],
                              rtol=1e-4, atol=1e-4)
@@ -147,13 +163,18 @@ def test_the_full_stem_on_a_real_photo(photo_record):
                grads[Stem.SPACE_TO_DEPTH], grads[Stem.IMAGENET])
 
 
-def _stem_and_kernel_grads(model_cfg, images):
-  """The stem's features on `images` and its parameters' gradients for their mean."""
-  stem = _Stem(model_cfg)
-  variables = stem.init(jax.random.key(0), images)
-  out, vjp = jax.vjp(lambda p: stem.apply({**variables, "params": p}, images,
-                                          mutable=["batch_stats"])[0], variables["params"])
-  return out, vjp(jnp.ones_like(out) / out.size)[0]
+def _features_and_grads(module, images):
+  """A module's features on `images` in training mode (batch statistics) and its
+  parameters' gradients for their mean, the same initial variables whatever the stem."""
+
+  @jax.jit
+  def run(images):
+    variables = module.init(jax.random.key(0), images, train=True)
+    out, vjp = jax.vjp(lambda p: module.apply({**variables, "params": p}, images, train=True,
+                                              mutable=["batch_stats"])[0], variables["params"])
+    return out, vjp(jnp.ones_like(out) / out.size)[0]
+
+  return run(images)
 
 
 class _Stem(flax.linen.Module):
@@ -162,10 +183,10 @@ class _Stem(flax.linen.Module):
   cfg: resnet_config.ModelConfig
 
   @flax.linen.compact
-  def __call__(self, x_BHWC):
+  def __call__(self, x_BHWC, train: bool):
     from workloads.resnet50.model import same_padding
 
-    return blocks.resnet_stem(x_BHWC, self.cfg, width=64, train=True, groups=1,
+    return blocks.resnet_stem(x_BHWC, self.cfg, width=64, train=train, groups=1,
                               kernel_init=blocks.he_normal,
                               pool_padding=lambda x: (same_padding(x.shape[1], 3, 2),
                                                       same_padding(x.shape[2], 3, 2)))

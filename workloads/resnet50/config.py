@@ -34,6 +34,8 @@ class ModelConfig:
   stage_sizes: tuple[int, ...] = (3, 4, 6, 3)
   width: int = 64              # bottleneck channels of stage 1 (doubles per stage, x4 out)
   num_classes: int = 1000
+  # space_to_depth: the same stem as Google's TPU submissions compute it (issue 47); not the
+  # default: XLA's v4-128 estimate of the step is the same (benchmarks/space_to_depth.py).
   stem: Stem = Stem.IMAGENET
   bn_momentum: float = 0.9
   bn_epsilon: float = 1e-5
