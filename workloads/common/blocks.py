@@ -62,9 +62,10 @@ def space_to_depth_kernel(kernel_HWIO: jax.Array) -> jax.Array:
   An odd kernel gets one zero tap in front (7 -> 8), so that tap 2K + d of the padded
   kernel falls on pixel d of block K: output i of the plain convolution, padded k // 2,
   reads pixels 2i - k // 2 + t for taps t, that is 2(i - 2) + (t + 1) for k = 7.
-  Google's JAX SSD and ResNet-50 pad in front the same way (training_results_v0.7
+  Google's v0.7 JAX ResNet-50 and TF SSD pad in front the same way (training_results_v0.7
   Google/benchmarks/resnet/implementations/resnet-research-JAX-tpu-v3-8192/models.py
-  L80-104); their TF ResNet-50 zeroes the last tap of an 8x8 variable instead
+  L80-104; ssd/implementations/ssd-research-TF-tpu-v4-128/ssd_architecture.py L575-586);
+  their v1.0 TF ResNet-50 zeroes the last tap of an 8x8 variable instead
   (training_results_v1.0 .../resnet-preview-TF-tpu-v4-128/resnet_model.py L66), which
   shifts the image by a pixel against the plain convolution.
   """
