@@ -12,15 +12,12 @@ on as if nothing had happened:
            pipelines are deterministic per seed, so resuming skips exactly
            `step` batches
 
-The checkpoint folder also holds `run.json`, written once when the run
-starts (`mlbench.train.lifecycle.runrecord`), so `--resume` repeats it exactly, and the
-lease of the live run that owns it (`mlbench.train.lifecycle.lease`). Every process saves
-its own shards into the same folder, which may be a bucket (`gs://...`) every
-host writes to; orbax's multi-host protocol has process 0 commit the step once
-all have written. Restoring (`mlbench.train.lifecycle.restore`) reshards onto whatever mesh
-the resumed run has (a smaller pod after a failure) and skips a damaged checkpoint.
-
-Each save's full duration (until orbax commits it) is measured: a stop by signal allows
+The checkpoint folder also holds `run.json` (`runrecord`), so `--resume` repeats the run
+exactly, and the lease of the live run that owns it (`lease`). Every process saves its own
+shards into the same folder (a disk or a bucket every host writes to); orbax has process 0
+commit the step once all have written, and the processes agree on every save's outcome
+(`agreement`). Restoring (`restore`) reshards onto whatever mesh the resumed run has and
+skips a damaged checkpoint. Each save's full duration is measured: a stop by signal allows
 the final save twice the longest (`signals.allow_for_saves`). A save that fails is one
 warning, and the run goes on; too many in a row stop it (`failed_saves`).
 """
@@ -28,10 +25,10 @@ warning, and the run goes on; too many in a row stop it (`failed_saves`).
 from __future__ import annotations
 
 import collections
-import dataclasses
 import os
 import pathlib
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -40,8 +37,9 @@ import jax
 
 from mlbench.storage import paths
 from mlbench.errors import UserError
-from mlbench.train.lifecycle import failed_saves, restore as restore_lib, signals
-from mlbench.train.lifecycle.restore import abstract_state, continue_clock, manager, restore
+from mlbench.train.lifecycle import agreement, failed_saves, restore as restore_lib, signals
+from mlbench.train.lifecycle.restore import (Snapshot, abstract_state, continue_clock, manager,
+                                             restore)
 
 if TYPE_CHECKING:
   from mlbench.mllog import MLLog
@@ -51,21 +49,6 @@ if TYPE_CHECKING:
   from mlbench.train.steps import Programs
 
 SAVE_RATE = 100e6  # bytes/s a first save is assumed to write, until one is measured
-
-
-@dataclasses.dataclass
-class _Snapshot:
-  """The run as it stood after a train step: what a checkpoint of that step holds."""
-
-  step: int
-  state: Any
-  sums: Any
-  log_bytes: int
-  marks: dict[str, float]
-  segments: dict[str, float]
-  evals: list[tuple[float, float]]
-  input_wait_s: float
-  taken: float
 
 
 class Checkpoints:
@@ -84,18 +67,27 @@ class Checkpoints:
     self._every = every
     self._clock, self._result, self._log_path = clock, result, log_path
     failed_saves.quiet()
-    self._mgr = manager(self.directory, on_saved=self._saved)
+    self._votes = agreement.SaveVotes(paths.resolve(self.directory), jax.process_index(),
+                                      jax.process_count())
+    self._mgr = self._manager()
     self._failures = failed_saves.FailedSaves(self.directory, say)
-    self._in_flight: int | None = None  # the step of the save not yet waited for
-    self._last: _Snapshot | None = None
+    self._in_flight: int | None = None  # the step of the save not yet agreed on
+    self._raised: Exception | None = None  # what its save() raised at once
+    self._stuck = False  # the last manager's wait never ended: it is left, not closed
+    self._waits: dict[int, threading.Thread] = {}  # the waits for failed saves' parts
+    self._last: Snapshot | None = None
     self.saves: list[tuple[int, float]] = []  # (step, seconds the loop waited)
     self.durations: list[float] = []  # seconds from each save's start to its commit
     self._started: collections.deque[float] = collections.deque()  # of the saves not committed
     self._estimated = False
 
+  def _manager(self) -> Any:
+    with failed_saves.saving():
+      return manager(self.directory, on_saved=self._saved, barrier=self._votes.barrier)
+
   def after_step(self, step: int, state: Any, sums: Any) -> None:
     """Remembers the run after `step`; saves if `step` is a multiple of `every`."""
-    self._last = _Snapshot(
+    self._last = Snapshot(
         step=step, state=state, sums=sums,
         log_bytes=self._log_path.stat().st_size if self._log_path else 0,
         marks=dict(self._clock.marks), segments=dict(self._clock.segments),
@@ -112,10 +104,9 @@ class Checkpoints:
   def final(self) -> int | None:
     """Saves the last step seen (if not saved yet) and waits; returns its step."""
     snap = self._last
-    # With several processes each one acts on its own signal and may stop a step
-    # or two apart from the others: a final save of "my last step" would leave
-    # steps that hold one process's shards only. The periodic saves are at the
-    # same steps everywhere, so a multi-process run keeps the latest of those.
+    # With several processes each one acts on its own signal and may stop a step or two
+    # apart: a final save of "my last step" would hold one process's shards only. The
+    # periodic saves are at the same steps everywhere: a multi-process run keeps those.
     self.settle(stop=False)
     if snap is not None and jax.process_count() == 1 and snap.step != self.newest():
       self._save(snap, stop=False)
@@ -123,68 +114,101 @@ class Checkpoints:
     return self.newest()
 
   def settle(self, *, stop: bool = True) -> None:
-    """Waits for the save in flight; a failure is said (`failed_saves`), and a fresh manager
-    goes on (orbax's re-raises it); with `stop`, the LIMIT-th in a row raises StorageFailed."""
+    """Waits for this process's part of the save in flight, and agrees on its outcome with
+    the others (`agreement`); a failure is said (`failed_saves`), and a fresh manager goes
+    on (orbax's re-raises it); with `stop`, the LIMIT-th in a row raises StorageFailed."""
     step, self._in_flight = self._in_flight, None
-    try:
-      self._mgr.wait_until_finished()
-    except Exception as e:  # orbax and TensorStore raise plain Exceptions.
-      self._started.clear()  # No commit will come for it.
-      self._renew()
-      self._failures.failed(step, e, self.newest(), stop=stop)
+    if step is None:  # No save since the last one agreed on, on any process.
       return
-    if step is not None:
+    error, self._raised = self._raised, None
+    if error is None:
+      with failed_saves.saving():
+        error, self._waits[step] = self._votes.wait(self._mgr.wait_until_finished,
+                                                    failed_saves.release_waiters)
+    self._stuck = step in self._waits and self._waits[step].is_alive()  # blocks close()
+    mine = agreement.outcome(jax.process_index(), error, self.directory, running=tuple(
+        s for s, wait in self._waits.items() if wait.is_alive()))
+    outcomes = self._votes.vote(mine)
+    failed = agreement.verdict(outcomes)
+    if failed is None:
+      self._waits.pop(step, None)
+    else:
+      self._started.clear()  # No commit will come for it.
+      if mine.kind == agreement.BUG:
+        raise error  # No storage fault but a bug (voted: the others do not wait for it).
+      self._renew()
+      self._waits.setdefault(step, threading.Thread())  # (a save that failed at once)
+    self._remove_finished(outcomes)
+    if failed is None:
       self._failures.succeeded()
+    else:
+      self._failures.failed(step, failed.fault(), self.newest(), stop=stop)
+
+  def _remove_finished(self, outcomes: list[agreement.Outcome]) -> None:
+    """Removes what the failed saves wrote once every process's wait for them has ended
+    (every process has voted, but one may have given a save up at its deadline: then at
+    a later vote). Writes that hung storage holds past orbax's own wait cannot be seen."""
+    running = {s for o in outcomes for s in o.running}
+    for step in sorted(set(self._waits) - running):
+      failed_saves.remove_partial(self.directory, step)
+      del self._waits[step]
 
   def newest(self) -> int | None:
     return self._mgr.latest_step()  # The newest committed step.
 
   def _renew(self) -> None:
     failed_saves.release_waiters()
-    try:
-      self._mgr.close()
-    except Exception:  # The failure it raises again was reported.
-      pass
-    self._mgr = manager(self.directory, on_saved=self._saved)
+    # close() first raises the failure again (once per thread: the wait ran in another),
+    # then closes; a wait that never ended would block it again.
+    for _ in range(0 if self._stuck else 2):
+      with failed_saves.saving():
+        try:
+          self._mgr.close()
+          break
+        except Exception:  # The failure, reported already.
+          pass
+    self._stuck = False
+    self._mgr = self._manager()
 
   def close(self) -> None:
     """Waits for the save in flight (a failure only warns: nothing waits for it); stops."""
     self.settle(stop=False)
-    self._mgr.close()
+    with failed_saves.saving():
+      self._mgr.close()
 
-  def _meta(self, snap: _Snapshot) -> dict[str, Any]:
-    log = ""
-    if self._log_path is not None:
-      with open(self._log_path, "rb") as f:
-        log = f.read(snap.log_bytes).decode("utf-8")
-    segments = dict(snap.segments)
-    if "block_start" in snap.marks:  # The train time of the block in progress, so far.
-      segments["train"] = segments.get("train", 0.0) + snap.taken - snap.marks["block_start"]
-    return {"step": snap.step, "log": log, "marks": snap.marks, "segments": segments,
-            "evals": snap.evals, "input_wait_s": snap.input_wait_s, "taken": snap.taken}
+  def leave(self) -> None:
+    """Stops saving; a save in flight of a multi-process run is left, not agreed on: where
+    one process stops alone (a crash, its log's storage) the others are at no save."""
+    if self._in_flight is not None and self._votes.shared:
+      self._in_flight = None
+      self._votes.leave()
+      failed_saves.release_waiters()
+    else:
+      self.close()
 
-  def _save(self, snap: _Snapshot, *, stop: bool = True) -> None:
+  def _save(self, snap: Snapshot, *, stop: bool = True) -> None:
     import orbax.checkpoint as ocp
 
     t0 = time.perf_counter()
     self.settle(stop=stop)  # orbax's save() waits for it too; here a failure is said.
+    self._votes.begin(snap.step)
     self._started.append(t0)
+    self._in_flight = snap.step
     # The step loop forbids implicit transfers; saving is an intended one.
-    with jax.transfer_guard("allow"):
+    with jax.transfer_guard("allow"), failed_saves.saving():
       state = snap.state.replace(rng=jax.random.key_data(snap.state.rng))
       try:
         self._mgr.save(snap.step, force=True, args=ocp.args.Composite(
             state=ocp.args.PyTreeSave(state), sums=ocp.args.PyTreeSave(snap.sums),
-            meta=ocp.args.JsonSave(self._meta(snap))))
-      except Exception as e:  # Failed at once (a folder it could not create, ...).
-        self._started.pop()  # No commit will come for it.
-        self._renew()
-        self._failures.failed(snap.step, e, self.newest(), stop=stop)
+            meta=ocp.args.JsonSave(snap.meta(self._log_path))))
+      except Exception as e:  # Failed at once: agreed on at the next settle, as a failure
+        self._started.pop()  # in the background is (others may wait for its writes).
+        self._raised = e
         return
       except BaseException:
         self._started.pop()
+        self._in_flight = None
         raise
-    self._in_flight = snap.step
     waited = time.perf_counter() - t0
     self._clock.add("checkpoint", waited)
     self.saves.append((snap.step, waited))
@@ -311,11 +335,12 @@ class RunSaver:
       self._ckpts.close()
 
   def abandon(self) -> int | None:
-    """Stops saving without a final save (the storage fails); returns the newest committed
-    step, the one to resume from (None: there is none)."""
+    """Stops saving without a final save (the storage fails, the run crashed), and without
+    waiting for other processes (`Checkpoints.leave`); returns the newest committed step,
+    the one to resume from (None: there is none)."""
     if self._ckpts is None:
       return self.step
-    self._ckpts.close()
+    self._ckpts.leave()
     return self._ckpts.newest()
 
   @property
