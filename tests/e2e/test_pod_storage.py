@@ -63,3 +63,78 @@ def test_the_hosts_agree_on_every_save_and_stop_together(processes, small_disk, 
   assert took < 60, took
   for p in done:
     assert "Traceback" not in p.stderr and "Event loop is closed" not in p.stderr, p.stderr
+
+
+# One epoch (19 steps) on 2 x 2 devices, saving every 2 steps: the saves of 4, 6 and 8
+# fail and the run stops well before its end.
+ARGS = ["run", "resnet50", "--set", "train_epochs=1", "--system", "cpu-2proc", "--seed", "3",
+        "--cpu-devices", "2", "--checkpoint-every", "2"]
+
+
+def _stopped_together(done, ckpt: Path, folder: Path, cause: str, fix: str) -> int:
+  """Both hosts exited 75 with the same line naming the --resume; returns its step."""
+  [step] = sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit())[-1:]
+  line = (f"error: {cause} (3 checkpoint saves in a row failed): the partial log is kept at "
+          f"{folder / 'partial.log'}, the checkpoint of step {step} in {ckpt}; {fix} and resume "
+          f"with: mlbench run resnet50 --resume {ckpt}")
+  for p in done:
+    assert p.returncode == StorageFailed.EXIT_CODE, p.stderr[-3000:]
+    assert p.stderr.strip().splitlines()[-1] == line, p.stderr[-3000:]
+    assert "Traceback" not in p.stderr and "Event loop is closed" not in p.stderr, p.stderr
+  # Nothing half-written: only committed steps (no orbax tmp), the log of whole lines kept.
+  assert sorted(p.name for p in ckpt.iterdir()) == sorted(
+      [p.name for p in ckpt.iterdir() if p.name.isdigit()] + ["run.json"])
+  assert all(":::MLLOG " in line for line in (folder / "partial.log").read_text().splitlines())
+  return step
+
+
+@pytest.mark.slow
+def test_a_shared_disk_that_fills_stops_both_hosts_and_the_resume_files_one_result(
+    processes, small_disk, data_dir, tmp_path, official_check, budget_rule):
+  disk = small_disk(80)
+  where = ["--data-dir", str(data_dir), "--results-dir", str(disk / "results")]
+  procs = processes.mlbench(*ARGS, *where, n=2, cwd=tmp_path)
+  runs = disk / "results" / "runs" / "cpu-2proc" / "resnet"
+  deadline = time.time() + 600
+  while not list(runs.glob("*/checkpoints/2/commit_success.txt")):
+    assert all(p.poll() is None for p in procs) and time.time() < deadline
+    time.sleep(0.01)
+  filler = small_disk.fill(disk)
+  t0 = time.time()
+  done = [p.wait(300) for p in procs]
+  assert time.time() - t0 < 120  # no host waits for another's save
+  [folder] = list(runs.iterdir())
+  ckpt = folder / "checkpoints"
+  _stopped_together(done, ckpt, folder, f"disk full at {ckpt}: 0.0 MiB free", "free space")
+
+  filler.unlink()
+  done = [p.wait(600) for p in processes.mlbench(
+      "run", "resnet50", "--resume", str(ckpt), "--cpu-devices", "2", "--data-dir",
+      str(data_dir), n=2, cwd=tmp_path)]
+  assert [p.returncode for p in done] == [1, 1], done[0].stderr[-3000:]  # budget < target
+  report = json.loads(done[0].stdout.splitlines()[-1])
+  assert report["status"] == "aborted" and report["seed"] == 3 and report["samples"] == 19 * 64
+  bench = results.benchmark_dir(disk / "results", "cpu-2proc", "resnet")
+  assert [p.name for p in bench.iterdir()] == ["result_0.txt"]
+  official_check(bench / "result_0.txt", budget_rule)
+  assert glob.glob(f"{ckpt}/*.orbax-checkpoint-tmp*") == []
+
+
+@pytest.mark.slow
+def test_a_host_whose_writes_are_refused_stops_every_host_with_one_line(processes, data_dir,
+                                                                       tmp_path):
+  """Only process 0's writes into the checkpoints are refused after the save of step 2;
+  process 1's own part of each save works, so alone it would count every save a success."""
+  env = {deny_writes.ENV: r"EACCES:/checkpoints/([4-9]|1\d)\.orbax-checkpoint-tmp"}
+  argv = [*ARGS, "--data-dir", str(data_dir), "--results-dir", str(tmp_path / "results")]
+  done = [p.wait(600) for p in processes.start(
+      lambda i: [*(deny_writes.COMMAND if i == 0 else processes.MLBENCH), *argv], n=2,
+      env_for=lambda i: env if i == 0 else {}, cwd=tmp_path)]
+  [folder] = list((tmp_path / "results" / "runs" / "cpu-2proc" / "resnet").iterdir())
+  ckpt = folder / "checkpoints"
+  step = _stopped_together(done, ckpt, folder, f"permission denied at {ckpt}",
+                           "make it writable")
+  assert step == 2
+  from mlbench.train.lifecycle import restore
+
+  assert restore.read_meta(ckpt, step)["step"] == 2  # the named checkpoint reads back
