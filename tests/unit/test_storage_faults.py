@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import subprocess
 import threading
 import time
@@ -18,7 +19,7 @@ from mlbench.storage import faults
 from mlbench.errors import StorageFailed, UserError
 from mlbench.mllog import MLLog
 from mlbench.train import steps
-from mlbench.train.lifecycle import checkpoint, failed_saves, space
+from mlbench.train.lifecycle import checkpoint, failed_saves, restore, space
 from mlbench.train.clock import Clock
 from mlbench.train.result import RunResult
 
@@ -88,12 +89,19 @@ def _state(n: int = 150_000):
                           model_state={}, opt_state={}, rng=jax.random.key(0))
 
 
+def _orbax_errors(caplog) -> list[str]:
+  """The ERROR records orbax logged (through absl) that reached the console's handlers."""
+  return [r.getMessage() for r in caplog.records
+          if r.levelno >= logging.ERROR and "/orbax/" in r.pathname]
+
+
 def test_failed_saves_warn_training_goes_on_and_three_in_a_row_stop(small_disk, tmp_path,
-                                                                    capfd):
+                                                                    capfd, caplog):
   """A 600 kB state on a 3 MiB disk: the first save fits; with the disk full each save
   fails (one warning each, its half-written step removed), the checkpoint of step 5 stays;
   space back, the next save works and the count starts again; the third failure in a row
-  stops the run."""
+  stops the run. What orbax logs of the failed saves stays off the console, and what it
+  logs of a damaged checkpoint read back afterwards shows."""
   disk, said = small_disk(3), []
   ck_dir, state, sums = disk / "ck", _state(), {"loss": jnp.float32(1)}
   log = tmp_path / "log.txt"
@@ -129,6 +137,11 @@ def test_failed_saves_warn_training_goes_on_and_three_in_a_row_stop(small_disk, 
   assert sorted(p.name for p in ck_dir.iterdir()) == ["20", "5"]  # nothing half-written
   err = capfd.readouterr().err
   assert "Traceback" not in err and "Event loop is closed" not in err and "ERROR" not in err, err
+  assert _orbax_errors(caplog) == []
+  (ck_dir / "20" / "_CHECKPOINT_METADATA").write_text("{damaged")
+  restore.read_meta(ck_dir, 20)  # orbax reads on without that file, and says so
+  assert _orbax_errors(caplog) and all(m.startswith("Failed to json parse Metadata file: ")
+                                       for m in _orbax_errors(caplog)), _orbax_errors(caplog)
 
 
 def test_the_space_check_counts_what_the_run_writes_and_says_both_numbers(small_disk, tmp_path):
