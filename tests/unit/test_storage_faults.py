@@ -210,6 +210,40 @@ def test_a_mount_gone_read_only_fails_a_save_and_leaves_no_thread_waiting(small_
     time.sleep(0.1)
 
 
+def test_a_bug_raised_while_a_write_error_is_handled_is_a_bug_not_a_storage_fault(
+    small_disk, tmp_path):
+  """A real ENOSPC in flight, and a bug in the code handling it: the bug reaches the CLI as
+  itself (its crash report, exit 70), never as a storage fault (exit 75) or a failed save's
+  warning; so does an error of the log's file handler that is no storage fault."""
+  from mlbench.cli import crash
+  from mlbench.train.lifecycle import agreement
+
+  disk = small_disk(1)
+  small_disk.fill(disk)
+  with pytest.raises(AttributeError) as bug:
+    with faults.needed(disk):
+      try:
+        (disk / "result_0.txt").write_bytes(b"x" * 8192)
+      except OSError as e:
+        raise StorageFailed(e.reason)  # a bug: OSError has no `reason`
+  assert isinstance(bug.value.__context__, OSError)
+  assert bug.value.__context__.errno == errno.ENOSPC  # what was in flight
+  assert faults.diagnose(bug.value, disk) is None
+  assert agreement.outcome(0, bug.value, disk).kind == agreement.BUG  # a save raises it
+  assert crash.report(bug.value).startswith("error: unexpected AttributeError")
+  # What storage raises itself stays a fault.
+  assert faults.diagnose(OSError(errno.ENOSPC, "No space left on device"), disk).cause == (
+      f"disk full at {disk}: 0.0 MiB free")
+
+  log = MLLog(tmp_path / "run.log")
+  log.event("first", 1)
+  before = (tmp_path / "run.log").read_bytes()
+  log._file.stream.close()  # closed behind the handler's back: a bug, no full disk
+  with pytest.raises(ValueError, match="closed file"):
+    log.event("second", 2)
+  assert (tmp_path / "run.log").read_bytes() == before  # still whole lines
+
+
 def test_a_log_write_that_fails_stops_the_run_with_its_log_kept_whole(small_disk):
   """The disk under the results fills up: the log line that does not fit stops the run; the
   log, cut back to whole lines, moves to the run folder (a hard link needs no space), the
