@@ -44,6 +44,7 @@ SAVE_TIMEOUT_S = 600
 """How long any wait of a save may take (orbax's own timeout, each barrier, the vote):
 generous for a pod's save, and the bound on how long a hung storage holds a run."""
 POLL_S = 0.05
+MAX_POLL_S = 0.5
 SAVED, FAULT, PEER, TIMEOUT, BUG = "saved", "fault", "peer", "timeout", "bug"
 _LOCAL_BARRIERS = ("ThreadSaveMultiHostValueHolder",)
 """orbax's barriers of `CheckpointManager.is_saving_in_progress()`: kept local (see above)."""
@@ -165,6 +166,7 @@ class SaveVotes:
     base = self._key("barrier", key, self._passed[key])
     self._client.key_value_set(f"{base}/{self._me}", "1")
     deadline = time.monotonic() + min(timeout_ms / 1000, SAVE_TIMEOUT_S)
+    pause = POLL_S / 4
     while len(self._client.key_value_dir_get(base + "/")) < self._n:
       failed = self.failed_peers()
       if failed or self._left.is_set():
@@ -172,7 +174,8 @@ class SaveVotes:
       if time.monotonic() > deadline:
         raise Deadline(f"the other processes did not reach {key} of the save of step "
                        f"{self._step} within {SAVE_TIMEOUT_S} s")
-      time.sleep(POLL_S)
+      time.sleep(pause)  # Soon at first (the others are mostly close behind), then less
+      pause = min(2 * pause, MAX_POLL_S)  # often: a pod's hosts all ask one coordinator.
 
   def wait(self, finish: Callable[[], None], on_peer_failed: Callable[[], None],
            timeout_s: float | None = None) -> tuple[BaseException | None, threading.Thread]:

@@ -25,7 +25,6 @@ warning, and the run goes on; too many in a row stop it (`failed_saves`).
 from __future__ import annotations
 
 import collections
-import os
 import pathlib
 import sys
 import threading
@@ -36,10 +35,8 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from mlbench.storage import paths
-from mlbench.errors import UserError
 from mlbench.train.lifecycle import agreement, failed_saves, restore as restore_lib, signals
-from mlbench.train.lifecycle.restore import (Snapshot, abstract_state, continue_clock, manager,
-                                             restore)
+from mlbench.train.lifecycle.restore import Snapshot, abstract_state, continue_clock, manager
 
 if TYPE_CHECKING:
   from mlbench.mllog import MLLog
@@ -74,6 +71,7 @@ class Checkpoints:
     self._in_flight: int | None = None  # the step of the save not yet agreed on
     self._raised: Exception | None = None  # what its save() raised at once
     self._stuck = False  # the last manager's wait never ended: it is left, not closed
+    self._closed = False  # the manager is closed (after the last save)
     self._waits: dict[int, threading.Thread] = {}  # the waits for failed saves' parts
     self._last: Snapshot | None = None
     self.saves: list[tuple[int, float]] = []  # (step, seconds the loop waited)
@@ -106,43 +104,66 @@ class Checkpoints:
     snap = self._last
     # With several processes each one acts on its own signal and may stop a step or two
     # apart: a final save of "my last step" would hold one process's shards only. The
-    # periodic saves are at the same steps everywhere: a multi-process run keeps those.
+    # periodic saves are at the same steps everywhere: a multi-process run keeps those,
+    # and waits for its part of the one in flight alone (another process may be blocked
+    # in a step this one never takes: at no save to agree on). orbax commits a step only
+    # once every process has written it, so what is committed is whole.
+    if jax.process_count() > 1:
+      step, self._in_flight = self._in_flight, None
+      error = self._wait(step) if step is not None else None
+      if error is not None:
+        self._failed(step, agreement.outcome(jax.process_index(), error, self.directory),
+                     error, stop=False, reopen=False)
+      return self.newest()
     self.settle(stop=False)
-    if snap is not None and jax.process_count() == 1 and snap.step != self.newest():
+    if snap is not None and snap.step != self.newest():
       self._save(snap, stop=False)
       self.settle(stop=False)
     return self.newest()
 
-  def settle(self, *, stop: bool = True) -> None:
-    """Waits for this process's part of the save in flight, and agrees on its outcome with
-    the others (`agreement`); a failure is said (`failed_saves`), and a fresh manager goes
-    on (orbax's re-raises it); with `stop`, the LIMIT-th in a row raises StorageFailed."""
-    step, self._in_flight = self._in_flight, None
-    if step is None:  # No save since the last one agreed on, on any process.
-      return
+  def _wait(self, step: int) -> BaseException | None:
+    """This process's part of the save of `step`: what failed it (None: it saved)."""
     error, self._raised = self._raised, None
     if error is None:
       with failed_saves.saving():
         error, self._waits[step] = self._votes.wait(self._mgr.wait_until_finished,
                                                     failed_saves.release_waiters)
     self._stuck = step in self._waits and self._waits[step].is_alive()  # blocks close()
+    return error
+
+  def settle(self, *, stop: bool = True, last: bool = False) -> None:
+    """Waits for this process's part of the save in flight, and agrees on its outcome with
+    the others (`agreement`); a failure is said (`failed_saves`), and a fresh manager goes
+    on (orbax's re-raises it) unless it is the `last` save; with `stop`, the LIMIT-th in a
+    row raises StorageFailed."""
+    step, self._in_flight = self._in_flight, None
+    if step is None:  # No save since the last one agreed on, on any process.
+      return
+    error = self._wait(step)
     mine = agreement.outcome(jax.process_index(), error, self.directory, running=tuple(
         s for s, wait in self._waits.items() if wait.is_alive()))
     outcomes = self._votes.vote(mine)
     failed = agreement.verdict(outcomes)
     if failed is None:
       self._waits.pop(step, None)
-    else:
-      self._started.clear()  # No commit will come for it.
-      if mine.kind == agreement.BUG:
-        raise error  # No storage fault but a bug (voted: the others do not wait for it).
-      self._renew()
-      self._waits.setdefault(step, threading.Thread())  # (a save that failed at once)
-    self._remove_finished(outcomes)
-    if failed is None:
+      self._remove_finished(outcomes)
       self._failures.succeeded()
-    else:
-      self._failures.failed(step, failed.fault(), self.newest(), stop=stop)
+      return
+    self._waits.setdefault(step, threading.Thread())  # (a save that failed at once)
+    self._failed(step, failed, error if mine.kind == agreement.BUG else None, stop=stop,
+                 reopen=not last, outcomes=outcomes)
+
+  def _failed(self, step: int, failed: agreement.Outcome, bug: BaseException | None, *,
+              stop: bool, reopen: bool, outcomes: list[agreement.Outcome] | None = None) -> None:
+    """The save of `step` failed (`failed` says why); `bug`: no storage fault but this
+    process's error, raised (after the vote: the others do not wait for it)."""
+    self._started.clear()  # No commit will come for it.
+    if bug is not None:
+      raise bug
+    self._renew(reopen=reopen)
+    if outcomes is not None:  # Agreed on: every process is done with it (see below).
+      self._remove_finished(outcomes)
+    self._failures.failed(step, failed.fault(), self.newest(), stop=stop)
 
   def _remove_finished(self, outcomes: list[agreement.Outcome]) -> None:
     """Removes what the failed saves wrote once every process's wait for them has ended
@@ -156,25 +177,33 @@ class Checkpoints:
   def newest(self) -> int | None:
     return self._mgr.latest_step()  # The newest committed step.
 
-  def _renew(self) -> None:
+  def _renew(self, *, reopen: bool = True) -> None:
+    """Closes the manager of a failed save and (`reopen`) goes on with a fresh one."""
     failed_saves.release_waiters()
+    self._close_manager()
+    if reopen:
+      self._stuck = self._closed = False
+      self._mgr = self._manager()
+
+  def _close_manager(self) -> None:
     # close() first raises the failure again (once per thread: the wait ran in another),
     # then closes; a wait that never ended would block it again.
-    for _ in range(0 if self._stuck else 2):
+    for _ in range(0 if self._stuck or self._closed else 2):
       with failed_saves.saving():
         try:
           self._mgr.close()
           break
         except Exception:  # The failure, reported already.
           pass
-    self._stuck = False
-    self._mgr = self._manager()
+    self._closed = True
 
   def close(self) -> None:
     """Waits for the save in flight (a failure only warns: nothing waits for it); stops."""
-    self.settle(stop=False)
-    with failed_saves.saving():
-      self._mgr.close()
+    self.settle(stop=False, last=True)
+    if not (self._closed or self._stuck):
+      with failed_saves.saving():
+        self._mgr.close()
+    self._closed = True
 
   def leave(self) -> None:
     """Stops saving; a save in flight of a multi-process run is left, not agreed on: where
@@ -282,41 +311,13 @@ class RunSaver:
                   log: MLLog) -> restore_lib.Restored:
     """The checkpoint chosen at the start, or (its arrays damaged) the newest older one
     that reads back whole, with the log and clock put back to that one."""
-    step, damaged = self.step, []
-    while True:
-      try:
-        got = restore(self.directory, abstract, sums_sharding, step)
-        break
-      except Exception as e:  # orbax and TensorStore raise plain Exceptions.
-        damaged.append((step, restore_lib.why(e)))
-        if self._leader:
-          restore_lib.set_aside(self.directory, step)
-      try:
-        step, meta, more = restore_lib.newest_readable(self.directory, below=step,
-                                                       leader=self._leader)
-      except UserError:
-        raise UserError(restore_lib.none_usable(self.directory, damaged)) from None
-      damaged += more
-    if step != self.step:
-      self._report(damaged, step)
-      self._rewind(got.meta, clock, log)
+    got, damaged = restore_lib.readable(self.directory, self.step, abstract, sums_sharding,
+                                        leader=self._leader)
+    if got.step != self.step:
+      self._report(damaged, got.step)
+      restore_lib.rewind(got.meta, clock, self._result, log.path)
+      self.meta = got.meta
     return got
-
-  def _rewind(self, meta: dict[str, Any], clock: Clock, log: MLLog) -> None:
-    """The run continues from an older checkpoint than the one its log and clock were
-    continued from: cut the log back to that checkpoint's (a prefix of it), and redo
-    the clock."""
-    started = clock.marks["resume_start"]
-    clock.marks.clear()
-    clock.segments.clear()
-    continue_clock(clock, self._result, meta, now=started)
-    clock.marks["resume_start"] = started
-    if log.path is not None:
-      prefix = meta["log"].encode()
-      with open(log.path, "rb") as f:
-        assert f.read(len(prefix)) == prefix, "a checkpoint's log is a prefix of the later ones'"
-      os.truncate(log.path, len(prefix))
-    self.meta = meta
 
   def start(self, clock: Clock, result: RunResult, log: MLLog) -> None:
     """Begins saving (after the state exists and the clock runs)."""

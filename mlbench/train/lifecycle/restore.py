@@ -238,6 +238,46 @@ def newest_readable(directory: paths.PathLike, *, below: int | None = None,
   raise UserError(none_usable(directory, damaged))
 
 
+def readable(directory: paths.PathLike, step: int, abstract_state: Any,
+             sums_sharding: dict[str, Any], *,
+             leader: bool) -> tuple[Restored, list[tuple[int, str]]]:
+  """The checkpoint of `step`, or (its arrays damaged) the newest older one that reads
+  back whole; and the damaged ones, set aside by the `leader` process.
+
+  Raises:
+    UserError: none reads back.
+  """
+  damaged: list[tuple[int, str]] = []
+  while True:
+    try:
+      return restore(directory, abstract_state, sums_sharding, step), damaged
+    except Exception as e:  # orbax and TensorStore raise plain Exceptions.
+      damaged.append((step, why(e)))
+      if leader:
+        set_aside(directory, step)
+    try:
+      step, _, more = newest_readable(directory, below=step, leader=leader)
+    except UserError:
+      raise UserError(none_usable(directory, damaged)) from None
+    damaged += more
+
+
+def rewind(meta: dict[str, Any], clock: Clock, result: RunResult, log_path: Any) -> None:
+  """The run continues from an older checkpoint (`meta`) than the one its log and clock
+  were continued from: cut the log back to that checkpoint's (a prefix of it), and redo
+  the clock."""
+  started = clock.marks["resume_start"]
+  clock.marks.clear()
+  clock.segments.clear()
+  continue_clock(clock, result, meta, now=started)
+  clock.marks["resume_start"] = started
+  if log_path is not None:
+    prefix = meta["log"].encode()
+    with open(log_path, "rb") as f:
+      assert f.read(len(prefix)) == prefix, "a checkpoint's log is a prefix of the later ones'"
+    os.truncate(log_path, len(prefix))
+
+
 def none_usable(directory: paths.PathLike, damaged: list[tuple[int, str]]) -> str:
   found = "; ".join(f"step {s}: {w}" for s, w in damaged) or "none there"
   return (f"--resume {directory}: no checkpoint there can be restored ({found}); damaged "
