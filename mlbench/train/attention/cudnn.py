@@ -17,13 +17,10 @@ jax-ml/jax#32242), so another dtype is refused here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-
-if TYPE_CHECKING:
-  from mlbench.train.attention import Site
 
 
 def _version() -> int | str:
@@ -37,8 +34,9 @@ def _version() -> int | str:
     return str(e) if jax.default_backend() == "gpu" else 0
 
 
-def refusal(site: Site) -> str:
-  """Why cuDNN's fused attention cannot serve `site` ("" when it can), in jax's words."""
+def refusal(site: Any) -> str:
+  """Why cuDNN's fused attention cannot serve an `attention.Site` ("" when it can), in
+  jax's words."""
   from jax._src.cudnn import fused_attention_stablehlo as fa
 
   if site.bias and site.bias_dtype not in ("", site.dtype, "float32"):
