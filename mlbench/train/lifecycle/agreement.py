@@ -201,9 +201,10 @@ class SaveVotes:
         told = True
         on_peer_failed()
       if worker.is_alive() and time.monotonic() > deadline:
+        # Given up: its threads waiting for others end now, orbax's own timeouts end the rest.
         self.leave()
-        on_peer_failed()  # Its threads waiting for others end; orbax's own timeouts do
-        return Deadline(f"the save of step {self._step} did not finish within "  # the rest.
+        on_peer_failed()
+        return Deadline(f"the save of step {self._step} did not finish within "
                         f"{timeout_s:.0f} s"), worker
     error = box.pop()  # The box is in the error's traceback: no cycle keeps orbax's
     return error, worker  # manager (and its threads) alive once the caller lets it go.
