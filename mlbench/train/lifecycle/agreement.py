@@ -16,8 +16,9 @@ verdict for all:
   hold a failed host's save thread, and the run with it, until the others give up.
 - `SaveVotes.wait` waits for this process's part of a save, watching for a peer's failed
   vote meanwhile (then orbax's threads of this process that wait for that peer are
-  released, `failed_saves.release_waiters`).
-- `SaveVotes.vote` posts this process's outcome, meets the others at a jax.distributed
+  cancelled, and woken once every process has cancelled its own: `failed_saves`).
+- `SaveVotes.vote` posts this process's outcome (a process whose part failed cancels its
+  waiting threads first), meets the others at a jax.distributed
   barrier (with a deadline) and reads every outcome: a save failed anywhere failed for all,
   and every host names the same cause (the first storage fault, by process). Every host
   has finished with the save once the vote is in, so only then is a half-written step
@@ -177,12 +178,18 @@ class SaveVotes:
       time.sleep(pause)  # Soon at first (the others are mostly close behind), then less
       pause = min(2 * pause, MAX_POLL_S)  # often: a pod's hosts all ask one coordinator.
 
-  def wait(self, finish: Callable[[], None], on_peer_failed: Callable[[], None],
+  def wait(self, finish: Callable[[], None], cancel: Callable[[], None],
+           wake: Callable[[], None],
            timeout_s: float | None = None) -> tuple[BaseException | None, threading.Thread]:
     """Runs `finish` (orbax's wait for this process's part of the save) to its end or
-    `timeout_s` (default `SAVE_TIMEOUT_S`); a peer's failed vote meanwhile calls
-    `on_peer_failed` once. Returns what `finish` raised (None: nothing; `Deadline`: it still
-    runs), and the thread that runs it."""
+    `timeout_s` (default `SAVE_TIMEOUT_S`), and returns what it raised (None: nothing;
+    `Deadline`: it still runs) and the thread that runs it.
+
+    A peer's failed vote meanwhile means this process's threads of the save may wait for
+    a signal of that peer that never comes: they are cancelled (`cancel`), and once every
+    process has cancelled its own or voted (a voter cancelled its own first), woken
+    (`wake`: orbax's signals are shared keys, so a thread woken uncancelled would write
+    its part of the failed save after it is removed)."""
     box: list[BaseException | None] = [None]
 
     def run() -> None:
@@ -194,20 +201,33 @@ class SaveVotes:
     worker = threading.Thread(target=run, daemon=True, name="mlbench-save-wait")
     worker.start()
     timeout_s = timeout_s or SAVE_TIMEOUT_S
-    deadline, told = time.monotonic() + timeout_s, False
+    deadline, cancelled, woken = time.monotonic() + timeout_s, False, False
     while worker.is_alive():
       worker.join(POLL_S * 4)
-      if not told and self.shared and worker.is_alive() and self.failed_peers():
-        told = True
-        on_peer_failed()
-      if worker.is_alive() and time.monotonic() > deadline:
+      if not worker.is_alive() or not self.shared:
+        continue
+      if not cancelled and self.failed_peers():
+        cancelled = True
+        cancel()
+        self._client.key_value_set(self._key("cancelled", self._me), "1")
+      if cancelled and not woken and self._all_cancelled():
+        woken = True
+        wake()
+      if time.monotonic() > deadline:
         # Given up: its threads waiting for others end now, orbax's own timeouts end the rest.
         self.leave()
-        on_peer_failed()
+        cancel()
+        wake()
         return Deadline(f"the save of step {self._step} did not finish within "
                         f"{timeout_s:.0f} s"), worker
     error = box.pop()  # The box is in the error's traceback: no cycle keeps orbax's
     return error, worker  # manager (and its threads) alive once the caller lets it go.
+
+  def _all_cancelled(self) -> bool:
+    """Whether every process has cancelled its waiting threads of this save, or voted."""
+    done = {k.rsplit("/", 1)[-1] for what in ("vote", "cancelled")
+            for k, _ in self._client.key_value_dir_get(self._key(what) + "/")}
+    return len(done) >= self._n
 
   def vote(self, mine: Outcome, timeout_s: float | None = None) -> list[Outcome]:
     """Posts this process's outcome and returns every process's, once all have voted (a

@@ -1,16 +1,15 @@
 """Checkpoints of a run with orbax-checkpoint, and resuming from them.
 
-A run with `--checkpoint-every N` saves, every N steps and asynchronously (the
-step loop only waits for the device-to-host copy), everything needed to carry
-on as if nothing had happened:
+A run with `--checkpoint-every N` saves, every N steps and asynchronously (the step loop
+only waits for the device-to-host copy), everything needed to carry on as if nothing had
+happened:
 
-    state  the whole TrainState: parameters, optimizer state, batch-norm
-           statistics, step, and the RNG key (as raw key data)
+    state  the whole TrainState: parameters, optimizer state, batch-norm statistics,
+           step, and the RNG key (as raw key data)
     sums   the train-metric sums of the block in progress
-    meta   the MLPerf log written so far, the clock's marks and segments,
-           the evaluations so far; the input position is the step: the
-           pipelines are deterministic per seed, so resuming skips exactly
-           `step` batches
+    meta   the MLPerf log written so far, the clock's marks and segments, the
+           evaluations so far; the input position is the step: the pipelines are
+           deterministic per seed, so resuming skips exactly `step` batches
 
 The checkpoint folder also holds `run.json` (`runrecord`), so `--resume` repeats the run
 exactly, and the lease of the live run that owns it (`lease`). Every process saves its own
@@ -102,12 +101,11 @@ class Checkpoints:
   def final(self) -> int | None:
     """Saves the last step seen (if not saved yet) and waits; returns its step."""
     snap = self._last
-    # With several processes each one acts on its own signal and may stop a step or two
-    # apart: a final save of "my last step" would hold one process's shards only. The
-    # periodic saves are at the same steps everywhere: a multi-process run keeps those,
-    # and waits for its part of the one in flight alone (another process may be blocked
-    # in a step this one never takes: at no save to agree on). orbax commits a step only
-    # once every process has written it, so what is committed is whole.
+    # Processes act on their own signals and may stop a step or two apart: a final save
+    # of "my last step" would hold one process's shards. A multi-process run keeps the
+    # periodic saves (the same steps everywhere) and waits alone for its part of the one in
+    # flight (another may be blocked in a step this one never takes: at no save to agree
+    # on); orbax commits a step only once every process has written it.
     if jax.process_count() > 1:
       step, self._in_flight = self._in_flight, None
       error = self._wait(step) if step is not None else None
@@ -126,9 +124,12 @@ class Checkpoints:
     error, self._raised = self._raised, None
     if error is None:
       with failed_saves.saving():
-        error, self._waits[step] = self._votes.wait(self._mgr.wait_until_finished,
-                                                    failed_saves.release_waiters)
+        error, self._waits[step] = self._votes.wait(
+            self._mgr.wait_until_finished, failed_saves.cancel_waiters,
+            failed_saves.wake_waiters)
     self._stuck = step in self._waits and self._waits[step].is_alive()  # blocks close()
+    if error is not None:  # Cancelled before the vote: once woken they write nothing.
+      failed_saves.cancel_waiters()
     return error
 
   def settle(self, *, stop: bool = True, last: bool = False) -> None:
@@ -300,8 +301,8 @@ class RunSaver:
     t = clock.mark("resumed", state)
     clock.add("init", clock.between("resume_start", "resumed"))
     clock.marks["block_start"] = clock.marks["resumed"]
-    # Not an MLPerf key (the checker ignores it): tells a reader, and validate,
-    # that this run continued from a checkpoint, from which step, and what it cost.
+    # Not an MLPerf key (the checker ignores it): tells a reader, and validate, that this
+    # run continued from a checkpoint, from which step, and what it cost.
     log.event("mlbench_resumed", got.step, {
         "checkpoint": str(self.directory), "devices": len(plan.runtime.devices),
         "lost_s": round(clock.marks["resume_start"] - got.meta["taken"], 3)}, time_ms=t)
@@ -309,8 +310,8 @@ class RunSaver:
 
   def _restorable(self, abstract: Any, sums_sharding: Any, clock: Clock,
                   log: MLLog) -> restore_lib.Restored:
-    """The checkpoint chosen at the start, or (its arrays damaged) the newest older one
-    that reads back whole, with the log and clock put back to that one."""
+    """The checkpoint chosen at the start, or the newest older one that reads back whole
+    (`restore.readable`), with the log and clock put back to that one."""
     got, damaged = restore_lib.readable(self.directory, self.step, abstract, sums_sharding,
                                         leader=self._leader)
     if got.step != self.step:

@@ -97,6 +97,41 @@ def remove_partial(directory: paths.Path, step: int) -> None:
 _saved = threading.Event()  # this process has made saves: their late callbacks may come
 
 
+def _signaling_threads() -> list[threading.Thread]:
+  try:
+    from orbax.checkpoint._src.futures import future
+  except ImportError:
+    return []
+  kind = getattr(future, "_SignalingThread", ())
+  return [t for t in threading.enumerate() if isinstance(t, kind) and t.is_alive()]
+
+
+def cancel_waiters() -> None:
+  """Cancels orbax's save threads of this process that wait for a signal: once woken, a
+  cancelled thread does no work (it writes nothing)."""
+  # The coroutines the cancelled threads never started are collected unawaited.
+  warnings.filterwarnings("ignore", r"coroutine '.*' was never awaited", RuntimeWarning)
+  for t in _signaling_threads():
+    try:
+      t.cancel()
+    except Exception:  # Its event loop is closed already: it is ending anyway.
+      pass
+
+
+def wake_waiters() -> None:
+  """Sends orbax's waiting save threads the signals they wait for, so they end now. The
+  signals are keys of jax.distributed's store, shared by every process: a thread of another
+  process waiting for the same signal wakes too, and must be cancelled already, or it
+  writes its part of a save that failed (`agreement.SaveVotes.wait` sees to it)."""
+  from orbax.checkpoint._src.futures import future
+
+  for t in _signaling_threads():
+    try:
+      future.set_signals(t._receive_signals, operation_id=t._operation_id)
+    except Exception:  # Another orbax version: it ends at orbax's timeout instead.
+      pass
+
+
 def release_waiters() -> None:
   """Ends orbax's save threads that wait for what a failed save never did.
 
@@ -104,25 +139,11 @@ def release_waiters() -> None:
   across processes too; a thread that fails sends none, and the others wait out orbax's
   coordination timeout (300 s), non-daemon threads that also keep the process from exiting.
   After a failure none of them has anything left to do: each is cancelled and sent the
-  signals it waits for, so it ends at once (a cancelled thread does no work once it wakes).
+  signals it waits for, so it ends at once. With several processes, only once every
+  process has cancelled its own (after their vote on the save, `agreement`).
   """
-  try:
-    from orbax.checkpoint._src.futures import future
-  except ImportError:
-    return
-  # The coroutines the cancelled threads never started are collected unawaited.
-  warnings.filterwarnings("ignore", r"coroutine '.*' was never awaited", RuntimeWarning)
-  for t in threading.enumerate():
-    if not isinstance(t, getattr(future, "_SignalingThread", ())) or not t.is_alive():
-      continue
-    try:
-      t.cancel()
-    except Exception:  # Its event loop is closed already: it is ending anyway.
-      pass
-    try:
-      future.set_signals(t._receive_signals, operation_id=t._operation_id)
-    except Exception:  # Another orbax version: it ends at orbax's timeout instead.
-      pass
+  cancel_waiters()
+  wake_waiters()
 
 
 # The threads a save started, and those waiting for one (while they wait).
