@@ -5,9 +5,12 @@ train steps. After the first save, which works, the storage fails as `--fault` s
   full    process 0 fills the shared disk (a small tmpfs) to its last byte
   denied  only process 0's writes are refused (EACCES, by tests/storage/deny_writes.py)
   slow    process 0's first write of a save takes 8 s, past a save deadline of 3 s
+  final   the disk fills as in `full`, and the run stops (a signal) with the save of step 10
+          in flight: each process waits for its own part alone (`Checkpoints.final`)
 
 Each process then saves at steps 10, 15, 20 and 25 and prints one line per event on
-stdout: `warn <line>`, `stop <cause> | <fix> | <newest step>`, or `went on`.
+stdout: `warn <line>`, `stop <cause> | <fix> | <newest step>`, `went on`, or (final)
+`final <newest step>`.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def _slow_write(pattern: str) -> None:
 def main() -> None:
   p = argparse.ArgumentParser()
   p.add_argument("--dir", required=True)
-  p.add_argument("--fault", choices=("full", "denied", "slow"), required=True)
+  p.add_argument("--fault", choices=("full", "denied", "slow", "final"), required=True)
   p.add_argument("--coordinator")
   p.add_argument("--num-processes", type=int)
   p.add_argument("--process-id", type=int)
@@ -85,7 +88,7 @@ def main() -> None:
   ck.after_step(5, state, sums)
   ck.settle()
   multihost_utils.sync_global_devices("saved")
-  if args.fault == "full" and me == 0:
+  if args.fault in ("full", "final") and me == 0:
     with open(os.path.join(os.path.dirname(args.dir), "filler"), "wb", buffering=0) as f:
       try:
         while True:
@@ -93,6 +96,11 @@ def main() -> None:
       except OSError:  # No space left on device: full.
         pass
   multihost_utils.sync_global_devices("failing")
+  if args.fault == "final":
+    ck.after_step(10, state, sums)
+    print("final", ck.final(), flush=True)
+    ck.close()
+    return
   try:
     for step in (10, 15, 20, 25):
       ck.after_step(step, state, sums)

@@ -28,12 +28,13 @@ sys.path.insert(0, str(HERE.parent / "storage"))
 import deny_writes  # noqa: E402  (tests/storage/deny_writes.py)
 
 
-@pytest.mark.parametrize("fault", ["full", "denied", "slow"])
+@pytest.mark.parametrize("fault", ["full", "denied", "slow", "final"])
 def test_the_hosts_agree_on_every_save_and_stop_together(processes, small_disk, fault):
   """full: the shared disk fills (each host's writes fail); denied: only process 0's writes
   are refused (process 1's own part of each save works); slow: process 0's first write of
   a save takes 8 s, past a save deadline of 3 s. Each host says the same warning per save,
-  the third failure in a row stops both with the same cause, and nothing waits for long."""
+  the third failure in a row stops both with the same cause, and nothing waits for long.
+  final: a stop with a failing save in flight, where each host waits for its part alone."""
   disk = small_disk(6)
   env = {deny_writes.ENV: r"EACCES:/ck/(10|15|20)\.orbax-checkpoint-tmp"}
   t0 = time.time()
@@ -45,6 +46,11 @@ def test_the_hosts_agree_on_every_save_and_stop_together(processes, small_disk, 
   lines = [p.stdout.splitlines() for p in done]
   assert lines[0] == lines[1], lines  # one verdict, said alike on every host
   ck = disk / "ck"
+  if fault == "final":  # a stop by signal: no vote, each its own part, nobody waits long
+    assert lines[0][-1] == "final 5" and len(lines[0]) == 2, lines
+    assert lines[0][0].startswith("warn warning: the checkpoint of step 10 was not saved ("), lines
+    assert took < 60, took
+    return
   if fault == "slow":
     assert lines[0] == [f"warn warning: the checkpoint of step 10 was not saved (the save did "
                         f"not finish within 3 s at {ck}); training goes on, the checkpoint of "

@@ -229,6 +229,13 @@ class SaveVotes:
             for k, _ in self._client.key_value_dir_get(self._key(what) + "/")}
     return len(done) >= self._n
 
+  def post(self, mine: Outcome) -> None:
+    """Says this process's outcome without waiting for the others' (a failed part ends
+    the others' waits for it: a final save, where they may be at no vote)."""
+    if self._client is not None:
+      self._client.key_value_set(self._key("vote", self._me),
+                                 json.dumps(dataclasses.asdict(mine)))
+
   def vote(self, mine: Outcome, timeout_s: float | None = None) -> list[Outcome]:
     """Posts this process's outcome and returns every process's, once all have voted (a
     process that has not within `timeout_s`, default `SAVE_TIMEOUT_S`, counts as a failed
@@ -236,7 +243,7 @@ class SaveVotes:
     if self._client is None:
       return [mine]
     timeout_s = timeout_s or SAVE_TIMEOUT_S
-    self._client.key_value_set(self._key("vote", self._me), json.dumps(dataclasses.asdict(mine)))
+    self.post(mine)
     try:
       self._client.wait_at_barrier(self._key("voted"), int(timeout_s * 1000))
     except Exception:  # jax raises its runtime error: a deadline, or a peer gone.

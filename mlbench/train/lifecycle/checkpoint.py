@@ -110,8 +110,10 @@ class Checkpoints:
       step, self._in_flight = self._in_flight, None
       error = self._wait(step) if step is not None else None
       if error is not None:
-        self._failed(step, agreement.outcome(jax.process_index(), error, self.directory),
-                     error, stop=False, reopen=False)
+        mine = agreement.outcome(jax.process_index(), error, self.directory)
+        self._votes.post(mine)  # The others' waits for this part end.
+        self._failed(step, mine, error if mine.kind == agreement.BUG else None, stop=False,
+                     reopen=False)
       return self.newest()
     self.settle(stop=False)
     if snap is not None and snap.step != self.newest():
@@ -156,8 +158,8 @@ class Checkpoints:
 
   def _failed(self, step: int, failed: agreement.Outcome, bug: BaseException | None, *,
               stop: bool, reopen: bool, outcomes: list[agreement.Outcome] | None = None) -> None:
-    """The save of `step` failed (`failed` says why); `bug`: no storage fault but this
-    process's error, raised (after the vote: the others do not wait for it)."""
+    """The save of `step` failed (`failed` says why); `bug`: this process's error, no
+    storage fault, raised (after any vote: the others do not wait for it)."""
     self._started.clear()  # No commit will come for it.
     if bug is not None:
       raise bug
@@ -167,9 +169,8 @@ class Checkpoints:
     self._failures.failed(step, failed.fault(), self.newest(), stop=stop)
 
   def _remove_finished(self, outcomes: list[agreement.Outcome]) -> None:
-    """Removes what the failed saves wrote once every process's wait for them has ended
-    (every process has voted, but one may have given a save up at its deadline: then at
-    a later vote). Writes that hung storage holds past orbax's own wait cannot be seen."""
+    """Removes what failed saves wrote once every process's wait for them has ended (one
+    that gave a save up at its deadline: at a later vote; hung writes past it are unseen)."""
     running = {s for o in outcomes for s in o.running}
     for step in sorted(set(self._waits) - running):
       failed_saves.remove_partial(self.directory, step)
@@ -187,15 +188,15 @@ class Checkpoints:
       self._mgr = self._manager()
 
   def _close_manager(self) -> None:
-    # close() first raises the failure again (once per thread: the wait ran in another),
-    # then closes; a wait that never ended would block it again.
+    """orbax's close() raises the failure again (once per thread: the wait ran in another)
+    before it closes: twice; a wait that never ended would block it, so never then."""
     for _ in range(0 if self._stuck or self._closed else 2):
       with failed_saves.saving():
         try:
           self._mgr.close()
           break
         except Exception:  # The failure, reported already.
-          pass
+          continue
     self._closed = True
 
   def close(self) -> None:
@@ -209,12 +210,11 @@ class Checkpoints:
   def leave(self) -> None:
     """Stops saving; a save in flight of a multi-process run is left, not agreed on: where
     one process stops alone (a crash, its log's storage) the others are at no save."""
-    if self._in_flight is not None and self._votes.shared:
-      self._in_flight = None
-      self._votes.leave()
-      failed_saves.release_waiters()
-    else:
-      self.close()
+    if self._in_flight is None or not self._votes.shared:
+      return self.close()
+    self._in_flight = None
+    self._votes.leave()
+    failed_saves.release_waiters()
 
   def _save(self, snap: Snapshot, *, stop: bool = True) -> None:
     import orbax.checkpoint as ocp
