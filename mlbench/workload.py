@@ -55,6 +55,23 @@ class Split(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
+class Packing:
+  """Training rows that hold several examples each (BERT's sequences packed into rows of
+  `max_seq_length` tokens): a step still trains exactly `global_batch_size` examples, in
+  fewer rows, with static shapes.
+
+  Attributes:
+    factor: examples a row the step is sized for: a step has global_batch_size / factor
+      rows, rounded up so that they split over the devices, processes and accumulation
+      steps (`Schedule.rows`); the workload's `InputSpec.pack` fills them.
+    max_per_row: at most this many examples in one row.
+  """
+
+  factor: float
+  max_per_row: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Schedule:
   """Batch sizes and the training budget of one config.
 
@@ -73,6 +90,9 @@ class Schedule:
     epoch_steps: whole steps in an epoch as the reference counts them (ResNet
       drops the remainder batch: 1,281,167 // 4,096 = 312), so evaluations fall
       on multiples of it; 0: `train_examples / global_batch_size`, rounded up.
+    packing: training batches of packed rows (see `Packing`); None: one example a row.
+    train_rows: rows of a training batch over all hosts, as the harness resolved them for
+      its mesh (`rows`); 0: not resolved.
   """
 
   global_batch_size: int
@@ -83,6 +103,20 @@ class Schedule:
   gradient_accumulation_steps: int = 1
   eval_offset: float = 0.0
   epoch_steps: int = 0
+  packing: Packing | None = None
+  train_rows: int = 0
+
+  def rows(self, quantum: int = 1) -> int:
+    """Rows of a training batch over all hosts: the global batch, or with packing
+    global_batch_size / packing.factor rounded up to a multiple of `quantum` (what splits
+    evenly over the data-parallel devices, processes and accumulation steps), never more
+    than the global batch; `train_rows` where the harness has resolved them."""
+    if self.train_rows:
+      return self.train_rows
+    if self.packing is None:
+      return self.global_batch_size
+    rows = -(-self.global_batch_size // (self.packing.factor * quantum)) * quantum
+    return int(min(rows, self.global_batch_size))
 
   @property
   def steps_per_epoch(self) -> float:
@@ -238,6 +272,11 @@ class InputSpec:
     verify: `verify(cfg, folder, full) -> [DataCheck]`: what `mlbench data verify` checks
       of this format in a prepared folder beyond every dataset's files, sizes and schema
       (`full`: also the checks that read everything). None: nothing more.
+    pack: `pack(cfg, examples, rows) -> packer`, for a schedule with `packing`: `packer(chunks)`
+      turns decoded training examples, read in the shuffled order in chunks (dicts of numpy
+      arrays with a leading example axis), into an endless iterator of batches of `rows`
+      rows that hold exactly `examples` examples each, in the form `synthetic_batch(cfg,
+      Split.TRAIN, rows, rng)` has (host-side NumPy; it runs while the devices compute).
   """
 
   files: Callable[[Config, Path, Split], Sequence[str]]
@@ -247,6 +286,7 @@ class InputSpec:
   examples: Callable[[Config, Path, Split, int], Examples] | None = None
   keep: Callable[[Config, Split], Callable[[Any], Any]] | None = None
   verify: Callable[[Config, Path, bool], Sequence[DataCheck]] | None = None
+  pack: Callable[[Config, int, int], Callable[[Any], Any]] | None = None
 
   def __post_init__(self) -> None:
     if (self.decode is None) == (self.examples is None):
@@ -293,8 +333,9 @@ class Workload:
     eval: see `EvalSpec`.
     synthetic_batch: `synthetic_batch(cfg, split, batch_size, rng) -> Batch` of
       realistic random data with the exact keys, shapes and dtypes that
-      `decode` produces (the harness adds `mask` to evaluation batches). Used
-      for tests and for compiling from shapes.
+      `decode` produces (the harness adds `mask` to evaluation batches), or, for
+      training under a schedule with `packing`, that `InputSpec.pack` produces:
+      `batch_size` rows (`Schedule.rows()`). Used for tests and for compiling from shapes.
     hparams: `hparams(cfg, schedule, ctx) -> {mlperf_key: value}`: the
       workload's MLPerf hyperparameter keys (optimizer, schedule, model
       choices; `model_bn_span` from `ctx.bn_groups` for batch-norm models). The
