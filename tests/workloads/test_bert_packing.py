@@ -229,3 +229,19 @@ def test_packing_sizes_the_step_and_its_flops_from_the_factor():
   with pytest.raises(UserError, match="packing_factor"):
     config_lib.override(full, ["data.packing_factor=9"])
   assert dataclasses.replace(full.data, max_sequences_per_row=1, packing_factor=9).packed is False
+
+
+def test_a_run_plan_rounds_the_rows_up_to_split_over_its_devices(tmp_path):
+  from mlbench.config import RunConfig
+  from mlbench.train.plan import make_plan
+  from mlbench.train.runtime import Runtime
+
+  for count, sets, rows in ((8, (), 56),  # 96 / 1.95 = 49.2 rows -> 7 on each of 8 devices
+                            (4, (), 52),
+                            (8, ("data.max_sequences_per_row=1",), 96)):
+    devices = jax.devices()[:count]
+    rc = RunConfig(workload="bert", config="full", overrides=("global_batch_size=96", *sets),
+                   results_dir=tmp_path)
+    plan = make_plan(rc, Runtime(0, 1, devices, devices))
+    assert plan.schedule.rows() == rows and plan.gbs == 96
+    assert plan.hparams["global_batch_size"] == 96  # MLPerf's batch: sequences a step
