@@ -56,17 +56,7 @@ class Split(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Packing:
-  """Training rows that hold several examples each (BERT's sequences packed into rows of
-  `max_seq_length` tokens): a step still trains exactly `global_batch_size` examples, in
-  fewer rows, with static shapes.
-
-  Attributes:
-    factor: examples a row the step is sized for: a step has global_batch_size / factor
-      rows, rounded up so that they split over the devices, processes and accumulation
-      steps (`Schedule.rows`); the workload's `InputSpec.pack` fills them.
-    max_per_row: at most this many examples in one row.
-  """
-
+  """Up to `max_per_row` examples a training row, rows sized at `factor` a row (BERT's)."""
   factor: float
   max_per_row: int
 
@@ -90,9 +80,6 @@ class Schedule:
     epoch_steps: whole steps in an epoch as the reference counts them (ResNet
       drops the remainder batch: 1,281,167 // 4,096 = 312), so evaluations fall
       on multiples of it; 0: `train_examples / global_batch_size`, rounded up.
-    packing: training batches of packed rows (see `Packing`); None: one example a row.
-    train_rows: rows of a training batch over all hosts, as the harness resolved them for
-      its mesh (`rows`); 0: not resolved.
   """
 
   global_batch_size: int
@@ -103,20 +90,11 @@ class Schedule:
   gradient_accumulation_steps: int = 1
   eval_offset: float = 0.0
   epoch_steps: int = 0
-  packing: Packing | None = None
-  train_rows: int = 0
+  packing: Packing | None = None  # several examples a training row (see Packing)
+  train_rows: int = 0  # rows a training step, as the harness resolved them (0: the batch)
 
-  def rows(self, quantum: int = 1) -> int:
-    """Rows of a training batch over all hosts: the global batch, or with packing
-    global_batch_size / packing.factor rounded up to a multiple of `quantum` (what splits
-    evenly over the data-parallel devices, processes and accumulation steps), never more
-    than the global batch; `train_rows` where the harness has resolved them."""
-    if self.train_rows:
-      return self.train_rows
-    if self.packing is None:
-      return self.global_batch_size
-    rows = -(-self.global_batch_size // (self.packing.factor * quantum)) * quantum
-    return int(min(rows, self.global_batch_size))
+  def rows(self) -> int:
+    return self.train_rows or self.global_batch_size
 
   @property
   def steps_per_epoch(self) -> float:
@@ -239,9 +217,9 @@ class Examples(Protocol):
 class InputSpec:
   """How the harness reads a workload's data; the harness builds the pipeline.
 
-  The harness shards files per host, interleaves, caches, shuffles, decodes in
-  parallel, batches, pads the evaluation set, and prefetches to devices. The
-  workload only names its files and decodes one record.
+  The harness shards files per host, interleaves, caches, shuffles, decodes in parallel,
+  batches, pads the evaluation set, and prefetches to devices. The workload only names its
+  files and decodes one record.
 
   A workload whose data is not TFRecords gives `examples` instead of `decode`: the
   harness then reads training examples in index order (step s takes examples
@@ -254,14 +232,12 @@ class InputSpec:
       files, unless `examples` reads them). Raises `mlbench.errors.UserError`
       naming the expected layout if they are missing.
     decode: `decode(cfg, split) -> DecodeFn`, for TFRecords.
-    prepare: `prepare(cfg, data_dir)` creates the dataset under `data_dir` if
-      this config's data can be generated locally (the mini configs) and does
-      nothing if it is already there; None if the data must be supplied. Runs
-      before the benchmark, like MLPerf's `init_datasets.sh`.
-    bind: `bind(cfg, data_dir) -> cfg` fills in config fields that name files
-      beside the data (the Transformer's subword vocabulary, which its eval
-      host part needs to turn token ids into text); runs after `prepare`.
-      None: the config needs nothing from the data folder.
+    prepare: `prepare(cfg, data_dir)` creates the dataset under `data_dir` if this config's data
+      can be generated locally (the mini configs) and does nothing if it is already there; None
+      if the data must be supplied. Runs before the benchmark, like MLPerf's `init_datasets.sh`.
+    bind: `bind(cfg, data_dir) -> cfg` fills in config fields that name files beside the data
+      (the Transformer's subword vocabulary, which its eval host part needs to turn token ids
+      into text); runs after `prepare`. None: the config needs nothing from the data folder.
     examples: `examples(cfg, data_dir, split, seed) -> Examples`, for other
       formats; `seed` is the run's (training order may depend on it).
     keep: `keep(cfg, split) -> predicate`, a TensorFlow function of one
@@ -272,11 +248,8 @@ class InputSpec:
     verify: `verify(cfg, folder, full) -> [DataCheck]`: what `mlbench data verify` checks
       of this format in a prepared folder beyond every dataset's files, sizes and schema
       (`full`: also the checks that read everything). None: nothing more.
-    pack: `pack(cfg, examples, rows) -> packer`, for a schedule with `packing`: `packer(chunks)`
-      turns decoded training examples, read in the shuffled order in chunks (dicts of numpy
-      arrays with a leading example axis), into an endless iterator of batches of `rows`
-      rows that hold exactly `examples` examples each, in the form `synthetic_batch(cfg,
-      Split.TRAIN, rows, rng)` has (host-side NumPy; it runs while the devices compute).
+    pack: `pack(cfg, examples, rows) -> packer` (`Schedule.packing`): `packer(chunks)` makes decoded
+      examples (numpy chunks, shuffled) into endless batches of `rows` rows holding `examples`.
   """
 
   files: Callable[[Config, Path, Split], Sequence[str]]
@@ -331,19 +304,17 @@ class Workload:
     optimizer: `optimizer(cfg, schedule) -> optax.GradientTransformation`.
     input: see `InputSpec`.
     eval: see `EvalSpec`.
-    synthetic_batch: `synthetic_batch(cfg, split, batch_size, rng) -> Batch` of
-      realistic random data with the exact keys, shapes and dtypes that
-      `decode` produces (the harness adds `mask` to evaluation batches), or, for
-      training under a schedule with `packing`, that `InputSpec.pack` produces:
-      `batch_size` rows (`Schedule.rows()`). Used for tests and for compiling from shapes.
-    hparams: `hparams(cfg, schedule, ctx) -> {mlperf_key: value}`: the
-      workload's MLPerf hyperparameter keys (optimizer, schedule, model
-      choices; `model_bn_span` from `ctx.bn_groups` for batch-norm models). The
-      harness adds `global_batch_size`, `train_samples`, `eval_samples`,
-      `gradient_accumulation_steps` and `seed`.
-    partition_rules: `partition_rules(cfg) -> [(regex, logical PartitionSpec)]` on
-      parameter paths (`layer_0/attention/query/kernel`); the harness maps the logical
-      axes onto the mesh. Default: none, everything replicated.
+    synthetic_batch: `synthetic_batch(cfg, split, batch_size, rng) -> Batch` of realistic random
+      data with the exact keys, shapes and dtypes that `decode` produces (the harness adds
+      `mask` to evaluation batches; packed training: `pack`'s rows). Used for tests and for
+      compiling from shapes.
+    hparams: `hparams(cfg, schedule, ctx) -> {mlperf_key: value}`: the workload's MLPerf
+      hyperparameter keys (optimizer, schedule, model choices; `model_bn_span` from
+      `ctx.bn_groups` for batch-norm models). The harness adds `global_batch_size`,
+      `train_samples`, `eval_samples`, `gradient_accumulation_steps` and `seed`.
+    partition_rules: `partition_rules(cfg) -> [(regex, logical PartitionSpec)]` on parameter
+      paths (`layer_0/attention/query/kernel`); the harness maps the logical axes onto the mesh.
+      Default: none, everything replicated.
     flops_per_example: analytic model FLOPs of one training example (forward and
       backward); None: no MFU is reported.
     layer_stack: `layer_stack(cfg) -> LayerStack | None`, the layers built by

@@ -118,7 +118,8 @@ def _with_rows(schedule: Schedule, runtime: Runtime, mesh: Any,
   micro = (pipe.microbatches or stages) if stages > 1 else 1
   quantum = math.lcm(mesh_lib.data_size(mesh) * schedule.gradient_accumulation_steps * micro,
                      runtime.process_count)
-  return dataclasses.replace(schedule, train_rows=schedule.rows(quantum))
+  rows = math.ceil(schedule.global_batch_size / (schedule.packing.factor * quantum)) * quantum
+  return dataclasses.replace(schedule, train_rows=min(rows, schedule.global_batch_size))
 
 
 def _check_batches(schedule: Schedule, runtime: Runtime, mesh: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import flax
@@ -32,8 +33,9 @@ def schedule(cfg: BertConfig) -> Schedule:
   return Schedule(global_batch_size=cfg.global_batch_size, eval_batch_size=cfg.eval_batch_size,
                   train_examples=d.train_examples or budget,
                   eval_examples=d.eval_examples, max_train_samples=budget,
-                  packing=Packing(d.packing_factor, d.max_sequences_per_row) if d.packed
-                  else None)
+                  **({"packing": Packing(d.packing_factor, d.max_sequences_per_row),
+                      "train_rows": math.ceil(cfg.global_batch_size / d.packing_factor)}
+                     if d.packed else {}))
 
 
 def init(cfg: BertConfig, rng: jax.Array) -> tuple[Any, Any]:
