@@ -1,31 +1,21 @@
 """Packed BERT against padded BERT (issue 47), side by side in one run.
 
 Parts (`--part`, repeatable; default lengths and cpu):
-- lengths: per length distribution, the share of a padded batch's tokens that are padding,
-  the packing factor that share allows (max_seq_length / mean length), and the online packer
-  of the full config (workloads/bert/packing.py: up to 8 a row, sized at 1.95) run on it for
-  `--steps` simulated steps of 64 and 192 sequences a host (what v4-128 at 3,072 gives a
-  host): steps it could not fill, sequences that waited, its speed (sequences/s, one core,
-  rows built). Distributions: the mini's training records (read back through its reader);
-  the reference procedure (create_pretraining_data's, workloads/bert/pretraining_data.py) at
-  512 tokens over the only real English corpus here, pydoc_data; and MLPerf's Wikipedia data
-  as the packing paper publishes its lengths (bert_wikipedia_lengths.json), the distribution
-  the full config's goal is stated on.
-- cpu: the mini's train step on this CPU (one device), padded (64 rows) and packed (the same
-  64 sequences a step in 63 rows: its data is 3.9% padding), fed real batches of its data,
-  alternating rounds: sequences/s. `--ttt` also runs `mlbench run bert` to its target once
-  each way (minutes).
+- lengths: per length distribution (the mini's records, read back; the reference procedure
+  at 512 over pydoc, the only real English corpus here; MLPerf's Wikipedia lengths as the
+  packing paper publishes them, bert_wikipedia_lengths.json), its padding share, the packing
+  factor it allows, and the online packer (workloads/bert/packing.py) on `--steps` simulated
+  steps of 64 and 192 sequences a host: steps it could not fill, sequences that waited; the
+  packer at 3, 4, 6 and 8 sequences a row; its speed (sequences/s, one core, rows built).
+- cpu: the mini's train step (one device), padded (64 rows) and packed (its 64 sequences in
+  63 rows), real batches of its data, alternating rounds: sequences/s; `--ttt` also runs
+  `mlbench run bert` to its target once each way.
 - tpu: `mlbench check bert --config full --topology v4-128 --set global_batch_size=3072`,
-  packed and `data.max_sequences_per_row=1` (libtpu, no TPU; tens of minutes each here):
-  FLOPs per sequence, rows per step, XLA's step estimate, the predicted step, sequences/s and
-  time to train. Goals: packed >= 1.8x the padded step's sequences/s, time to train >= 1.6x
-  shorter.
-- gpu: BERT-large bf16 train step on one GPU at 32 sequences, packed and padded, alternating
-  rounds, and the compiled HF peer (peers.py, padded); "no GPU lent" where there is none.
-
-    python benchmarks/bert_packing.py                        # lengths, cpu
-    python benchmarks/bert_packing.py --part tpu             # the TPU compile (slow)
-    python benchmarks/bert_packing.py --part gpu             # where a GPU is
+  packed and `data.max_sequences_per_row=1` (libtpu; tens of minutes each here): FLOPs per
+  sequence, rows, XLA's estimate, the predicted step, sequences/s, time to train. Goals:
+  packed >= 1.8x the padded sequences/s, time to train >= 1.6x shorter.
+- gpu: BERT-large bf16 on one GPU at 32 sequences, packed and padded, alternating rounds,
+  and the compiled HF peer (padded); "no GPU lent" where there is none.
 """
 
 from __future__ import annotations
@@ -44,25 +34,25 @@ MLBENCH = [sys.executable, "-c", "import sys; from mlbench.cli import main; sys.
 PADDED = ("data.max_sequences_per_row=1",)
 
 
-def _histogram(lengths: np.ndarray, length: int) -> np.ndarray:
-  return np.bincount(lengths, minlength=length + 1)[1:]
+def _folder(data_dir: str | None):
+  from mlbench.storage import paths
+
+  return paths.path(data_dir) if data_dir else paths.default_cache_dir() / "data"
 
 
 def mini_lengths(data_dir: str | None) -> tuple[np.ndarray, int]:
   """Lengths of the mini's training records, read by its own reader."""
-  from mlbench.storage import paths
   from mlbench.train import data
   from mlbench.workload import Split
   from workloads.bert import config, input_pipeline, pydoc
 
   cfg = config.mini()
-  folder = paths.path(data_dir) if data_dir else paths.default_cache_dir() / "data"
-  pydoc.prepare(cfg, folder)
-  files = input_pipeline.files(cfg, folder, Split.TRAIN)
+  pydoc.prepare(cfg, _folder(data_dir))
+  files = input_pipeline.files(cfg, _folder(data_dir), Split.TRAIN)
   ds = data.tf().data.TFRecordDataset(files).map(
       lambda r: input_pipeline.decode(cfg, Split.TRAIN)(r, None)["input_mask"])
-  lengths = np.array([int(m.sum()) for m in ds.as_numpy_iterator()])
-  return _histogram(lengths, cfg.data.max_seq_length), cfg.data.max_seq_length
+  lengths = [int(m.sum()) for m in ds.as_numpy_iterator()]
+  return np.bincount(lengths, minlength=65)[1:], cfg.data.max_seq_length
 
 
 def pydoc_lengths_at_512() -> tuple[np.ndarray, int]:
@@ -76,7 +66,7 @@ def pydoc_lengths_at_512() -> tuple[np.ndarray, int]:
   docs = pydoc.documents(tokenizer, train)
   examples = ptd.examples(docs, {t: vocab[t] for t in ptd.SPECIAL}, len(vocab),
                           ptd.Masking(512, 76), dupe_factor=1, seed=pydoc.SEEDS["train"])
-  return _histogram(np.array([int(e["input_mask"].sum()) for e in examples]), 512), 512
+  return np.bincount([int(e["input_mask"].sum()) for e in examples], minlength=513)[1:], 512
 
 
 def wikipedia_lengths() -> tuple[np.ndarray, int]:
@@ -140,6 +130,25 @@ def packer_rate(hist: np.ndarray, length: int, examples: int = 192, steps: int =
   return examples * steps / (time.perf_counter() - t0)
 
 
+def per_row_sweep(hist: np.ndarray, length: int, steps: int) -> None:
+  """By sequences a row: best fit's factor over 192, the packer at v4-128's 100 rows for 192."""
+  from workloads.bert import packing
+
+  rng = np.random.default_rng(2)
+  print("| Wikipedia, at most a row | best fit over 192 | failed, 192 in 100 rows | waited |\n"
+        "|---|---|---|---|")
+  for most in (3, 4, 6, 8):
+    shape = packing.RowShape(length, most, packing.row_predictions(76, most, length))
+    factors = []
+    for _ in range(20):
+      n = rng.choice(np.arange(1, length + 1), 192, p=hist / hist.sum())
+      masked = np.minimum(76, np.maximum(1, np.round(0.15 * n))).astype(np.int64)
+      factors.append(192 / packing.best_fit_decreasing(n, masked, shape)[2])
+    r = simulate(hist, length, 76, examples=192, steps=steps, per_row=most, factor=1.92)
+    print(f"| {most} | {np.mean(factors):.3f} | {r['failed_steps']} of {r['steps']} | "
+          f"{100 * r['waited']:.2f}% |", flush=True)
+
+
 def lengths_part(args) -> None:
   """Each distribution's padding and the packer on it, sized at the full config's 1.95 or,
   where the data allows less, at 97.5% of what it allows."""
@@ -159,6 +168,7 @@ def lengths_part(args) -> None:
             f"{length / mean:.3f} | {factor} | {examples} | {r['rows']} | "
             f"{r['failed_steps']} of {r['steps']} | {100 * r['waited']:.2f}% | "
             f"{r['max_wait']} | {r['select_ms']:.1f} |", flush=True)
+  per_row_sweep(*wikipedia_lengths(), steps=args.steps)
   rate = packer_rate(*wikipedia_lengths())
   print(f"packer, whole (choice and BERT-large rows built), Wikipedia lengths, 192 a step: "
         f"{rate:,.0f} sequences/s on one core", flush=True)
@@ -168,8 +178,7 @@ MINI_PACKED = ("data.max_sequences_per_row=3", "data.packing_factor=1.02")
 
 
 def _compiled_step(cfg, batches: list, devices: list):
-  """(run(n) -> sequences, rows): `cfg`'s train step compiled for `devices` on one data
-  axis, run n steps over `batches` (host batches of its rows)."""
+  """(run(n) -> sequences, rows): `cfg`'s train step on `devices`, n steps over `batches`."""
   import jax
 
   from mlbench.train import mesh as mesh_lib, steps
@@ -198,16 +207,14 @@ def _compiled_step(cfg, batches: list, devices: list):
 def _mini_batches(cfg, data_dir: str | None, count: int) -> list:
   import itertools
 
-  from mlbench.storage import paths
   from mlbench.train import data
   from mlbench.workload import Split
   from workloads.bert import WORKLOAD, input_pipeline
 
-  folder = paths.path(data_dir) if data_dir else paths.default_cache_dir() / "data"
   sched = WORKLOAD.schedule(cfg)
   pack = input_pipeline.pack(cfg, sched.global_batch_size, sched.rows()) if sched.packing \
       else None
-  ds = data.train_dataset(input_pipeline.files(cfg, folder, Split.TRAIN),
+  ds = data.train_dataset(input_pipeline.files(cfg, _folder(data_dir), Split.TRAIN),
                           input_pipeline.decode(cfg, Split.TRAIN),
                           per_host_batch=sched.global_batch_size, seed=0, host=0, hosts=1,
                           pack=pack)
@@ -234,48 +241,48 @@ def cpu_part(args) -> None:
       print(f"mini time to target, {name}: {_time_to_target(sets)}", flush=True)
 
 
+def _mlbench(*args: str, sets: tuple[str, ...] = ()) -> dict:
+  """The JSON an `mlbench` command prints last, or {"failed": its last error line}."""
+  done = subprocess.run([*MLBENCH, *args, *(a for s in sets for a in ("--set", s))],
+                        capture_output=True, text=True)
+  if done.returncode:
+    return {"failed": (done.stderr.strip().splitlines() or ["?"])[-1][:200]}
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def _time_to_target(sets: tuple[str, ...]) -> str:
   import tempfile
 
   with tempfile.TemporaryDirectory() as tmp:
-    cmd = [*MLBENCH, "run", "bert", "--seed", "0", "--results-dir", tmp,
-           *(a for s in sets for a in ("--set", s))]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-  if done.returncode:
-    return "failed: " + (done.stderr.strip().splitlines() or ["?"])[-1][:200]
-  r = json.loads(done.stdout.strip().splitlines()[-1])
-  return (f"{r['status']} in {r['time_to_train_s']:.1f} s, {r['samples']:,} samples, "
-          f"{r['samples_per_s']:.1f} sequences/s, eval_accuracy {r['eval_accuracy']:.4f}")
-
-
-def check(topology: str, sets: tuple[str, ...]) -> dict:
-  """`mlbench check bert --config full --topology T --json` with `sets`."""
-  cmd = [*MLBENCH, "check", "bert", "--config", "full", "--topology", topology, "--json",
-         *(a for s in sets for a in ("--set", s))]
-  done = subprocess.run(cmd, capture_output=True, text=True)
-  if done.returncode:
-    return {"failed": (done.stderr.strip().splitlines() or ["?"])[-1][:200]}
-  return json.loads(done.stdout)
+    r = _mlbench("run", "bert", "--seed", "0", "--results-dir", tmp, sets=sets)
+  return r.get("failed") or (
+      f"{r['status']} in {r['time_to_train_s']:.1f} s, {r['samples']:,} samples, "
+      f"{r['samples_per_s']:.1f} sequences/s, eval_accuracy {r['eval_accuracy']:.4f}")
 
 
 def tpu_part(args) -> None:
   batch = ("global_batch_size=3072",)
-  reports = {"padded": check(args.topology, batch + PADDED),
-             "packed": check(args.topology, batch)}
+  reports = {name: _mlbench("check", "bert", "--config", "full", "--topology", args.topology,
+                            "--json", sets=batch + more)
+             for name, more in (("padded", PADDED), ("packed", ()))}
+  if args.save:
+    Path(args.save).write_text(json.dumps(reports, indent=1))
   print(f"| BERT-large, {args.topology}, batch 3,072 | rows/step | model GFLOP/sequence | XLA "
-        "GFLOP/sequence | XLA's estimate | predicted step | sequences/s | time to train | "
-        "of which evaluations |\n" + "|---" * 9 + "|")
+        "GFLOP/sequence | XLA's estimate | compute, HBM bound | predicted step | sequences/s "
+        "| time to train | of which evaluations |\n" + "|---" * 10 + "|")
   for name, r in reports.items():
     if "failed" in r:
       print(f"| {name} | failed: {r['failed']} |")
       continue
     train, p = r["programs"][0], r["prediction"]
     xla = "-" if train["xla_seconds"] is None else f"{1e3 * train['xla_seconds']:.1f} ms"
-    ttt = p["time_to_train_s"]
+    roof = p["roofline"]
     print(f"| {name} | {r['rows_per_step']:,} | {r['flops_per_example'] / 1e9:,.1f} | "
           f"{train['flops'] / r['global_batch_size'] / 1e9:,.1f} | {xla} | "
-          f"{1e3 * p['step_s']:.1f} ms | {p['samples_per_s']:,.0f} | {ttt / 60:.2f} min | "
-          f"{p['terms']['eval_s'] / 60:.2f} min |", flush=True)
+          f"{1e3 * roof['compute_s']:.1f}, {1e3 * roof['hbm_s']:.1f} ms | "
+          f"{1e3 * p['step_s']:.1f} ms | {p['samples_per_s']:,.0f} | "
+          f"{p['time_to_train_s'] / 60:.2f} min | {p['terms']['eval_s'] / 60:.2f} min |",
+          flush=True)
   if all("failed" not in r for r in reports.values()):
     pad, packed = (reports[k]["prediction"] for k in ("padded", "packed"))
     speed = packed["samples_per_s"] / pad["samples_per_s"]
@@ -290,13 +297,16 @@ def gpu_part(args) -> None:
   rounds, and the compiled HF peer (padded)."""
   import jax
 
-  from common import report, side_by_side
-
   gpus = [d for d in jax.devices() if d.platform == "gpu"]
   if not gpus:
     print("gpu: no GPU lent (no GPU device here); run --part gpu where one is")
     return
-  from common import config_for
+  # The peer first, in its own process, before this one's step takes the GPU's memory.
+  peer = subprocess.run([sys.executable, str(HERE / "peers.py"), "--workload", "bert",
+                         "--config", "full", "--precision", "bfloat16", "--batch", "32"],
+                        capture_output=True, text=True)
+  print(f"HF peer (padded): {peer.stdout.strip() or peer.stderr.strip()[-300:]}", flush=True)
+  from common import config_for, report, side_by_side
   from mlbench.workload import Split
   from workloads.bert import WORKLOAD
 
@@ -310,10 +320,6 @@ def gpu_part(args) -> None:
     runs[name] = lambda run=run: run(args.gpu_steps)
     print(f"{gpus[0].device_kind}, {name}: 32 sequences a step in {rows} rows", flush=True)
   report(side_by_side(runs, args.rounds), "sequences/s", "padded", "packed")
-  peer = subprocess.run([sys.executable, str(HERE / "peers.py"), "--workload", "bert",
-                         "--config", "full", "--precision", "bfloat16", "--batch", "32"],
-                        capture_output=True, text=True)
-  print(f"HF peer (padded): {peer.stdout.strip() or peer.stderr.strip()[-300:]}", flush=True)
 
 
 PARTS = {"lengths": lengths_part, "cpu": cpu_part, "tpu": tpu_part, "gpu": gpu_part}
@@ -331,6 +337,7 @@ def main() -> None:
   ap.add_argument("--gpu-steps", type=int, default=50, help="train steps per round (gpu)")
   ap.add_argument("--ttt", action="store_true", help="cpu: also the mini's time to target")
   ap.add_argument("--topology", default="v4-128")
+  ap.add_argument("--save", metavar="FILE", help="tpu: keep both check reports (JSON) here")
   args = ap.parse_args()
   for part in args.part or ("lengths", "cpu"):
     t0 = time.perf_counter()
