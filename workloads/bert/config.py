@@ -71,14 +71,15 @@ class DataConfig:
   max_predictions_per_seq: int = 76
   train_examples: int = 0     # 0: BERT has no epochs (train_samples logs samples to converge)
   eval_examples: int = 10_000  # eval_10k, picked by the reference's pick_eval_samples.py
-  # Up to 8 sequences a row: an online packer (best fit over a shuffled window) reaches a
-  # packing factor of 1.95 on the MLPerf Wikipedia length distribution with 8, against 1.73
-  # with Krell et al.'s 3 (their 2.0 at 3 needs an offline LP over the whole dataset's
-  # histogram); benchmarks/bert_packing.py measures it. Slots cost nothing in the step.
+  # Up to 8 sequences a row: the online packer fills 1.92 a row (v4-128's 100 rows for a
+  # host's 192) on the MLPerf Wikipedia length distribution with 6 or 8, not with Krell et
+  # al.'s 3 (their 2.0 at 3 needs an offline LP over the whole dataset's histogram): best
+  # fit over 192 sequences reaches 1.80 with 3, 1.97 with 8 (benchmarks/bert_packing.py).
+  # Slots cost nothing in the step.
   max_sequences_per_row: int = 8
   # Sequences a row each step is sized for: 1.95 of the 2.0 the Wikipedia distribution
   # allows (50% padding at 512), the margin that lets the packer fill every step
-  # (benchmarks/bert_packing.py: no step of 20,000 simulated ones failed). Unread unpacked.
+  # (benchmarks/bert_packing.py: none of 2,000 simulated steps failed). Unread unpacked.
   packing_factor: float = 1.95
 
   def __post_init__(self):
