@@ -107,8 +107,9 @@ def test_a_reduced_bert_large_compiles_for_a_v4_slice(mlbench, tmp_path):
   per_example = WORKLOAD.flops_per_example(cfg)
   assert report["flops_per_example"] == pytest.approx(per_example)
   train = report["programs"][0]
-  # Measured: the compiled program counts 4.7 % more than the analytic matmul FLOPs.
-  assert train["flops"] == pytest.approx(12 * 1.95 * per_example, rel=0.05)
+  # Measured: the compiled program counts 5.1 % more than the analytic matmul FLOPs (4.7 %
+  # padded; packed rows add the segment masks' comparisons).
+  assert train["flops"] == pytest.approx(12 * 1.95 * per_example, rel=0.06)
   assert train["collectives"]["all-reduce"] > 0
   assert report["prediction"]["model_flops_per_step"] == pytest.approx(16 * per_example)
   dtypes = train["matmul_input_dtypes"]
