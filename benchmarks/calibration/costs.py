@@ -12,7 +12,11 @@ any per-device batch follow by straight-line interpolation (`mlbench.pod.costtab
 what `mlbench plan --costs calibration` and the calibration read). BERT-large and
 Transformer-big are compiled at two depths as well (BERT 2 and 4 layers, the
 Transformer 1+1 and 2+2) at the smaller batch; the 24 and 6+6 layer figures follow
-linearly in the depth.
+linearly in the depth. BERT is compiled as well at the shapes of the length buckets of the
+one bucketed run in the calibration set (v2.0 cloud-tpu-v4-8192-TF: 14 sequences of at most
+64 tokens a replica, 8 of 128, 5 of 192, 4 of 256, 3 of 304; the 2 of 512 are the padded
+program's), each at two depths, at its own batch (`implementation.py` says where the buckets
+come from).
 
 Regenerate (hours on a loaded 2-core machine, 3 to 42 minutes a compile; needs libtpu):
 
@@ -48,11 +52,13 @@ class Variant:
   batch: int            # per device (per data shard with a model axis)
   model: int = 1        # model-parallel ways (the mesh is data=4/model x model)
   depth: int | None = None
+  seq: int | None = None  # BERT's sequence length where not the full config's 512
 
   @property
   def key(self) -> str:
     return (f"{self.workload}@b{self.batch}/m{self.model}"
-            + ("" if self.depth is None else f"/L{self.depth}"))
+            + ("" if self.depth is None else f"/L{self.depth}")
+            + ("" if self.seq is None else f"/s{self.seq}"))
 
 
 VARIANTS = (
@@ -61,7 +67,13 @@ VARIANTS = (
     Variant("bert", 2, depth=2), Variant("bert", 2, depth=4), Variant("bert", 16, depth=2),
     Variant("transformer", 4, depth=1), Variant("transformer", 4, depth=2),
     Variant("transformer", 32, depth=1),
+    # The v2.0 4,096-chip BERT run's length buckets (sequences a replica, longest length).
+    *(Variant("bert", b, depth=d, seq=s) for b, s in ((14, 64), (8, 128), (5, 192), (4, 256),
+                                                      (3, 304)) for d in (2, 4)),
 )
+# BERT's masked positions per sequence (the full config's 76) where a bucket is shorter: the
+# config allows no more masked positions than tokens.
+MAX_PREDICTIONS = 76
 
 
 def _args(v: Variant) -> list[str]:
@@ -73,6 +85,9 @@ def _args(v: Variant) -> list[str]:
     args += ["--mesh", f"data={data},model={v.model}"]
   for key in DEPTH_KEYS.get(v.workload, ()) if v.depth is not None else ():
     args += ["--set", f"{key}={v.depth}"]
+  if v.seq is not None:
+    args += ["--set", f"data.max_seq_length={v.seq}",
+             "--set", f"data.max_predictions_per_seq={min(v.seq, MAX_PREDICTIONS)}"]
   return args
 
 
@@ -86,15 +101,16 @@ def _program(p: dict[str, Any]) -> dict[str, Any]:
 def compile_variant(v: Variant, timeout: int) -> dict[str, Any]:
   """`mlbench check` of one variant in its own process; the figures it needs."""
   t0 = time.monotonic()
-  out = subprocess.run([sys.executable, "-c", "import sys; from mlbench.cli import main; "
-                        "sys.exit(main())", *_args(v)], capture_output=True, text=True,
-                       timeout=timeout)
+  script = "import sys; from mlbench.cli import main; sys.exit(main())"
+  out = subprocess.run([sys.executable, "-c", script, *_args(v)], check=False,
+                       capture_output=True, text=True, timeout=timeout)
   if out.returncode:
     raise RuntimeError(f"{v.key}: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
   report = json.loads(out.stdout)
   train, evaluation = report["programs"][0], report["programs"][1]
   return {"workload": v.workload, "batch": v.batch, "model": v.model, "depth": v.depth,
-          "params": report["params"], "eval_batch_per_device": v.batch,
+          **({} if v.seq is None else {"seq": v.seq}), "params": report["params"],
+          "eval_batch_per_device": v.batch,
           "train": _program(train), "eval": _program(evaluation),
           "command": "mlbench " + " ".join(_args(v)),
           "compile_s": round(time.monotonic() - t0, 1)}
