@@ -103,7 +103,7 @@ def main() -> None:
   _summary("H100 (v4.0)", _table(title, cal.gpu, g, cal.gpu_loo))
   _summary("H100 (v4.0), leave-one-out", cal.gpu_loo)
   if cal.not_fitted:
-    why = "; ".join(sorted({r.case.not_fitted for r in cal.not_fitted}))
+    why = "; ".join(sorted({r.not_fitted for r in cal.not_fitted}))
     _summary("H100, not fitted", _table(f"H100 runs predicted, not fitted on ({why})",
                                         cal.not_fitted, g, None))
 

@@ -43,6 +43,7 @@ class Row:
   case: cases.Case
   measured: cases.Measured
   inputs: timemodel.Inputs
+  not_fitted: str = ""  # why it is shown but not fitted on (a stand-in program costs it)
 
 
 def rows(which: tuple[cases.Case, ...], results: Path, held_out: Path | None = None
@@ -54,7 +55,8 @@ def rows(which: tuple[cases.Case, ...], results: Path, held_out: Path | None = N
   for case in which:
     try:
       m = cases.measured(case, results, held_out)
-      out.append(Row(case, m, cases.inputs(case, m, records)))
+      out.append(Row(case, m, cases.inputs(case, m, records),
+                     case.not_fitted or cases.stand_in(case, records)))
     except (FileNotFoundError, KeyError) as e:
       skipped.append(f"{case.name}: {e}")
   return out, skipped
@@ -145,9 +147,21 @@ def spread(ratios: list[float]) -> dict[str, float]:
           "worst": round(math.exp(max(abs(v) for v in logs)), 3), "runs": len(ratios)}
 
 
+def biased_spread(ratios: list[float], what: str) -> dict[str, Any]:
+  """`spread` and the sign of the bias: the geometric mean of predicted / measured and how
+  many runs were slower than predicted (a ratio below 1)."""
+  bias = math.exp(statistics.fmean(math.log(x) for x in ratios))
+  return {**spread(ratios), "bias": round(bias, 3), "slower": sum(1 for x in ratios if x < 1),
+          "what": what}
+
+
+HELD_OUT = "Google's v0.6 TPU-v3 runs of 2019, never fitted"
+
+
 def write(platform: str, c: Constants, loo: dict[str, float], n: int,
           path: Path | None = None, note: str = "", case_set: str = "CASES",
-          fitted: str = ", ".join(Constants.FITTED)) -> None:
+          fitted: str = ", ".join(Constants.FITTED), never: dict[str, Any] | None = None,
+          calibrated: dict[str, list[str]] | None = None) -> None:
   """Stores the constants and their provenance in accelerators.yaml (`time_model`): the
   package's (what `mlbench check` and `mlbench plan` read), or the copy at `path`."""
   path = path or Path(accelerators.__file__).with_name("accelerators.yaml")
@@ -163,7 +177,10 @@ def write(platform: str, c: Constants, loo: dict[str, float], n: int,
                    "fitted_on": f"{n} published runs (benchmarks/calibration/cases.py {case_set})",
                    "fitted": datetime.date.today().isoformat(),
                    "command": "python -m benchmarks.calibration.fit --write",
-                   "leave_one_out": loo, **({"note": note} if note else {})}
+                   "leave_one_out": loo,
+                   "never_fitted": never or {"runs": 0},
+                   "calibrated": calibrated or {"accelerators": [], "workloads": []},
+                   **({"note": note} if note else {})}
   accelerators._document.cache_clear()
   accelerators.table.cache_clear()
   lines = ["", "# The pod time model's constants (mlbench/pod/timemodel.py), fitted on published",
@@ -186,6 +203,8 @@ def _num(v: float) -> float:
 def _yaml(v: Any) -> str:
   if isinstance(v, dict):
     return "{" + ", ".join(f"{k}: {_yaml(x)}" for k, x in v.items()) + "}"
+  if isinstance(v, list):
+    return "[" + ", ".join(_yaml(x) for x in v) + "]"
   if isinstance(v, str):
     return '"' + re.sub(r'"', "'", v) + '"'
   return repr(v)
@@ -205,6 +224,17 @@ class Calibration:
   left_out: list[str]
   not_fitted: list[Row]
 
+  def held_out_ratios(self) -> list[float]:
+    """Predicted / measured of the never-fitted runs under the TPU constants."""
+    return [timemodel.predict(r.inputs, self.tpu_constants).total_s / r.measured.run_s
+            for r in self.held_out]
+
+
+def calibrated(rs: list[Row]) -> dict[str, list[str]]:
+  """What the fitted runs cover: their accelerators (as accelerators.yaml names them) and
+  workloads; a prediction outside them extrapolates (`mlbench.pod.uncertainty`)."""
+  return {"accelerators": sorted({r.case.accelerator for r in rs}),
+          "workloads": sorted({r.inputs.workload for r in rs})}
 
 
 def calibrate(results: Path, held_out: Path | None = None) -> Calibration:
@@ -215,7 +245,7 @@ def calibrate(results: Path, held_out: Path | None = None) -> Calibration:
   held, left_h = rows(tuple(c for c in cases.CASES if c.held_out), results, held_out)
   gpu, left_g = rows(cases.GPU_CASES, results)
   c = fit(tpu, base_constants())
-  fitted = [r for r in gpu if not r.case.not_fitted]
+  fitted = [r for r in gpu if not r.not_fitted]
   # The GPU runs' own warm-ups, as their logs show them.
   mine = dict(c.warmup_by) | dict(warmups(fitted)[1])
   c_gpu = dataclasses.replace(c, warmup_by=tuple(sorted(mine.items())))
@@ -224,7 +254,7 @@ def calibrate(results: Path, held_out: Path | None = None) -> Calibration:
                      gpu=fitted, gpu_constants=g,
                      gpu_loo=leave_one_out(fitted, g, only_eta=True) if fitted else [],
                      left_out=left + left_h + left_g,
-                     not_fitted=[r for r in gpu if r.case.not_fitted])
+                     not_fitted=[r for r in gpu if r.not_fitted])
 
 
 def _gpu(c: Constants) -> Constants:
@@ -256,14 +286,17 @@ def main() -> None:
     print(f"left out: {s}", file=sys.stderr)
   print("tpu", cal.tpu_constants, spread(cal.tpu_loo))
   print("gpu", cal.gpu_constants, spread(cal.gpu_loo) if cal.gpu_loo else "-")
+  never = biased_spread(cal.held_out_ratios(), HELD_OUT) if cal.held_out else None
+  print("never fitted", never)
   if args.write:
     write("tpu", cal.tpu_constants, spread(cal.tpu_loo), len(cal.tpu), args.accelerators,
-          note=TPU_NOTE)
+          note=TPU_NOTE, never=never, calibrated=calibrated(cal.tpu))
     if cal.gpu:
       write("gpu", cal.gpu_constants, spread(cal.gpu_loo), len(cal.gpu), args.accelerators,
-            case_set="GPU_CASES", fitted="eta_by.h100",
+            case_set="GPU_CASES", fitted="eta_by.h100", calibrated=calibrated(cal.gpu),
             note="the h100 eta fitted on the H100 runs (GPU_CASES), their warm-ups measured on "
-                 "their logs, the others the TPU fit's")
+                 "their logs, the others the TPU fit's; no never-fitted GPU run is costed by "
+                 "its own program yet")
 
 
 if __name__ == "__main__":

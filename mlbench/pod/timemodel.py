@@ -17,6 +17,11 @@
   16 examples a chip the weights' reads and writes are most of a step's bytes,
   and a set value made small-batch steps look memory-bound that the published
   runs show are not; the cached compiles' intercept, 36 to 47, is its start);
+- replicas running different programs (a run that buckets sequences by length runs
+  one program per bucket, a replica's step drawing one): each program's roofline at its
+  share of a replica's steps, and the step the expected slowest of the replicas
+  (`slowest_of`: they wait for each other at the gradient all-reduce; on one replica
+  the weighted mean, on thousands the slowest program);
 - collectives: the data-parallel gradient all-reduce and the model/expert-axis
   collectives, timed on the slice's torus (`collectives`: over all its axes at
   once), a fitted fraction `kappa` of them exposed (1: not overlapped with the
@@ -147,6 +152,11 @@ class Inputs:
   param_bytes_per_device: float = 0.0  # f32 parameters (the batch-independent bytes)
   workload: str = ""             # its measured warm-up
   eval_collective_s: float = 0.0  # an eval batch's sums reduced over the slice
+  # Where replicas run different programs step by step (a length-bucketed run: one per
+  # bucket), each program's share of a replica's steps and its cost; `train` is then their
+  # weighted mean. `replicas` run in step (0: `devices`).
+  train_mix: tuple[tuple[float, StepCost], ...] = ()
+  replicas: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,8 +197,11 @@ def predict(x: Inputs, c: Constants) -> Terms:
   """Every term of the time to train of one run under constants `c`."""
   eta = c.eta_for(x.accelerator)
   fixed = c.fixed_flops / x.peak_flops_per_s
-  device = fixed + x.train.roofline_s(x.peak_flops_per_s, x.hbm_bytes_per_s, eta, c.hbm,
-                                      c.fixed_bytes_per_param * x.param_bytes_per_device)
+  fixed_bytes = c.fixed_bytes_per_param * x.param_bytes_per_device
+  programs = x.train_mix or ((1.0, x.train),)
+  device = fixed + slowest_of(
+      [(share, cost.roofline_s(x.peak_flops_per_s, x.hbm_bytes_per_s, eta, c.hbm, fixed_bytes))
+       for share, cost in programs], x.replicas or x.devices)
   collective = c.kappa * x.collective_s
   per_device_batch = x.global_batch / x.devices
   cores = x.host_cores_per_device
@@ -202,6 +215,20 @@ def predict(x: Inputs, c: Constants) -> Terms:
                input_step_s=input_s, step_s=step, steps=x.steps,
                warmup_s=c.warmup_for(x.workload),
                eval_each_s=eval_each, evals=x.evals, mfu=mfu, fixed_s=fixed)
+
+
+def slowest_of(times: list[tuple[float, float]], replicas: int) -> float:
+  """The expected time of a step whose `replicas` each run one program drawn at its share
+  (share, seconds) and then wait for each other (the gradient all-reduce): the expected
+  maximum of `replicas` draws. One replica: the weighted mean; thousands: the slowest
+  program any replica is likely to draw."""
+  total = sum(share for share, _ in times)
+  out, below = 0.0, 0.0
+  for share, seconds in sorted(times, key=lambda t: t[1]):
+    upto = below + share / total
+    out += seconds * (min(upto, 1.0) ** replicas - below ** replicas)
+    below = upto
+  return out
 
 
 def eval_split(eval_examples: int, data_devices: int, per_device_batch: int) -> tuple[int, int]:
