@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from benchmarks.calibration import cases, costs, fit, runlog
-from mlbench.pod import estimate, timemodel
+from mlbench.pod import estimate, timemodel, uncertainty
 
 DATA = Path(__file__).parents[1] / "data"
 V06 = DATA / "mlperf-v0.6" / "Google" / "results"
@@ -92,12 +92,30 @@ def test_the_stored_tpu_constants_are_the_fit_of_the_calibration_set(tpu_rows):
   assert stored.warmup_s == pytest.approx(got.warmup_s, abs=0.01)
   assert dict(stored.warmup_by) == pytest.approx(dict(got.warmup_by), abs=0.01)
   assert provenance["leave_one_out"]["runs"] == len(tpu_rows)
+  # What the fitted runs cover (a prediction outside it extrapolates), and the spread of
+  # the never-fitted v0.6 runs under these constants, with the sign of their bias.
+  assert provenance["calibrated"] == fit.calibrated(tpu_rows)
+  held, _ = fit.rows(tuple(c for c in cases.CASES if c.held_out), cases.default_results(),
+                     cases.default_held_out())
+  ratios = [timemodel.predict(r.inputs, got).total_s / r.measured.run_s for r in held]
+  never = fit.biased_spread(ratios, fit.HELD_OUT)
+  for key in ("factor_1sigma", "worst", "bias"):
+    assert provenance["never_fitted"][key] == pytest.approx(never[key], abs=0.002), key
+  assert (provenance["never_fitted"]["runs"], provenance["never_fitted"]["slower"]) == (
+      never["runs"], never["slower"])
+  u = uncertainty.of("tpu")
+  assert u.never_fitted is not None and u.loo is not None
+  assert u.wider.factor == max(u.loo.factor, u.never_fitted.factor)
 
 
 def test_only_the_compiles_asked_for_are_made():
   have = {"bert@b2/m1/L2": {}}
   keys = [v.key for v in costs.VARIANTS if costs.wanted(v, {"ssd@b32/m1", "bert"}, have, True)]
-  assert keys == ["ssd@b32/m1", "bert@b2/m1/L4", "bert@b16/m1/L2"]
+  assert keys[:3] == ["ssd@b32/m1", "bert@b2/m1/L4", "bert@b16/m1/L2"]
+  # and the length buckets' programs, at two depths each: 64 tokens masks 62 positions
+  assert keys[3:5] == ["bert@b14/m1/L2/s64", "bert@b14/m1/L4/s64"] and len(keys) == 13
+  short = next(v for v in costs.VARIANTS if v.seq == 64)
+  assert "data.max_predictions_per_seq=62" in costs._args(short)
   assert len([v for v in costs.VARIANTS if costs.wanted(v, set(), have, False)]) == len(
       costs.VARIANTS)
 

@@ -1,0 +1,68 @@
+"""The time model's choices of form, each judged on leave-one-out alone.
+
+Since issue 49, a choice of the model's form (not a constant the fit finds) is made on the
+leave-one-out spread of the fitted runs only; the never-fitted v0.6 runs are printed
+beside it, measured, never used to choose (benchmarks/README.md, "Pod prediction", says
+which data chose what). For each alternative: the fitted runs within 1.25x
+leave-one-out, the typical factor (RMS of log ratios) and the worst; then the never-fitted
+runs' typical factor and worst under the constants fitted on all runs.
+
+- `ROOFLINE_P`: the norm of the soft roofline (2, 3, 4, 8, or a hard max);
+- the step of a length-bucketed run: the expected slowest of its replicas' programs
+  (they wait for each other at the gradient all-reduce) or their weighted mean.
+
+    python benchmarks/model_choices.py [--results DIR] [--held-out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+from calibration import cases, fit
+from mlbench.pod import timemodel
+
+
+def _judge(name: str, rows: list[fit.Row], held: list[fit.Row]) -> None:
+  c = fit.fit(rows, fit.base_constants())
+  loo = fit.leave_one_out(rows, c)
+  inside = sum(1 for x in loo if 1 / 1.25 <= x <= 1.25)
+  s = fit.spread(loo)
+  never = fit.spread([timemodel.predict(r.inputs, c).total_s / r.measured.run_s for r in held])
+  print(f"| {name} | {inside} of {len(loo)} | {s['factor_1sigma']:.3f} | {s['worst']:.2f} | "
+        f"{never['factor_1sigma']:.3f} | {never['worst']:.2f} |", flush=True)
+
+
+def _mean_buckets(rows: list[fit.Row]) -> list[fit.Row]:
+  """The bucketed run's step as the weighted mean of its programs (one replica's view)."""
+  return [dataclasses.replace(r, inputs=dataclasses.replace(r.inputs, replicas=1))
+          if r.inputs.train_mix else r for r in rows]
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--results", type=Path, default=cases.default_results())
+  ap.add_argument("--held-out", type=Path, default=cases.default_held_out())
+  args = ap.parse_args()
+  rows, _ = fit.rows(tuple(c for c in cases.CASES if not c.held_out), args.results)
+  held, _ = fit.rows(tuple(c for c in cases.CASES if c.held_out), args.results, args.held_out)
+  print("| choice | leave-one-out within 1.25x | LOO typical | LOO worst | never-fitted typical "
+        "(not used) | never-fitted worst (not used) |\n|---|---|---|---|---|---|")
+  chosen = timemodel.ROOFLINE_P
+  variants: list[tuple[str, Callable[[], None]]] = [
+      (f"ROOFLINE_P = {p:g}", lambda p=p: setattr(timemodel, "ROOFLINE_P", p))
+      for p in (2.0, 3.0, 4.0, 8.0, 64.0)]
+  for name, set_it in variants:
+    set_it()
+    _judge(name, rows, held)
+  timemodel.ROOFLINE_P = chosen
+  if any(r.inputs.train_mix for r in rows):
+    _judge("bucketed step: the slowest replica's (expected)", rows, held)
+    _judge("bucketed step: the weighted mean of the buckets", _mean_buckets(rows), held)
+  print(f"\nthe module's ROOFLINE_P: {chosen:g} (p = 64 stands for a hard max)")
+
+
+if __name__ == "__main__":
+  main()
