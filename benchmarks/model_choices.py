@@ -8,6 +8,8 @@ leave-one-out, the typical factor (RMS of log ratios) and the worst; then the ne
 runs' typical factor and worst under the constants fitted on all runs.
 
 - `ROOFLINE_P`: the norm of the soft roofline (2, 3, 4, 8, or a hard max);
+- which constants the fit finds, and which it holds (the batch-independent bytes at the
+  compiles' measure, no per-evaluation overhead, no overlap of the all-reduce);
 - the step of a length-bucketed run: the expected slowest of its replicas' programs
   (they wait for each other at the gradient all-reduce) or their weighted mean.
 
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable
 from pathlib import Path
 
 from calibration import cases, fit
@@ -35,6 +36,18 @@ def _judge(name: str, rows: list[fit.Row], held: list[fit.Row]) -> None:
         f"{never['factor_1sigma']:.3f} | {never['worst']:.2f} |", flush=True)
 
 
+# Which fittable constants the fit holds instead (at `fit.HELD`'s values, the bytes at the
+# compiles' measure).
+HOLDS = ((), ("kappa",), ("fixed_bytes_per_param",), ("eval_overhead_s",),
+         ("fixed_bytes_per_param", "eval_overhead_s"),
+         ("fixed_bytes_per_param", "eval_overhead_s", "kappa"))
+
+
+def _held(names: tuple[str, ...]) -> str:
+  base = fit.base_constants()
+  return ", ".join(f"{k} = {getattr(base, k):g}" for k in names)
+
+
 def _mean_buckets(rows: list[fit.Row]) -> list[fit.Row]:
   """The bucketed run's step as the weighted mean of its programs (one replica's view)."""
   return [dataclasses.replace(r, inputs=dataclasses.replace(r.inputs, replicas=1))
@@ -47,21 +60,23 @@ def main() -> None:
   ap.add_argument("--held-out", type=Path, default=cases.default_held_out())
   args = ap.parse_args()
   rows, _ = fit.rows(tuple(c for c in cases.CASES if not c.held_out), args.results)
-  held, _ = fit.rows(tuple(c for c in cases.CASES if c.held_out), args.results, args.held_out)
+  held_rows, _ = fit.rows(tuple(c for c in cases.CASES if c.held_out), args.results,
+                          args.held_out)
   print("| choice | leave-one-out within 1.25x | LOO typical | LOO worst | never-fitted typical "
         "(not used) | never-fitted worst (not used) |\n|---|---|---|---|---|---|")
-  chosen = timemodel.ROOFLINE_P
-  variants: list[tuple[str, Callable[[], None]]] = [
-      (f"ROOFLINE_P = {p:g}", lambda p=p: setattr(timemodel, "ROOFLINE_P", p))
-      for p in (2.0, 3.0, 4.0, 8.0, 64.0)]
-  for name, set_it in variants:
-    set_it()
-    _judge(name, rows, held)
-  timemodel.ROOFLINE_P = chosen
+  chosen, fitted = timemodel.ROOFLINE_P, fit.FITTED
+  for held in HOLDS:
+    fit.FITTED = tuple(k for k in timemodel.Constants.FITTED if k not in held)
+    for p in (2.0, 3.0, 4.0, 8.0, 64.0):
+      timemodel.ROOFLINE_P = p
+      what = f"held: {_held(held)}" if held else "all fitted"
+      _judge(f"ROOFLINE_P = {p:g}, {what}", rows, held_rows)
+  timemodel.ROOFLINE_P, fit.FITTED = chosen, fitted
   if any(r.inputs.train_mix for r in rows):
-    _judge("bucketed step: the slowest replica's (expected)", rows, held)
-    _judge("bucketed step: the weighted mean of the buckets", _mean_buckets(rows), held)
-  print(f"\nthe module's ROOFLINE_P: {chosen:g} (p = 64 stands for a hard max)")
+    _judge("bucketed step: the slowest replica's (expected)", rows, held_rows)
+    _judge("bucketed step: the weighted mean of the buckets", _mean_buckets(rows), held_rows)
+  print(f"\nthe module's choice: ROOFLINE_P = {chosen:g} (p = 64 stands for a hard max), "
+        f"fitted: {', '.join(fitted)}; the bucketed rows under it")
 
 
 if __name__ == "__main__":

@@ -86,8 +86,8 @@ def main() -> None:
   for why in cal.left_out:
     print(f"left out: {why}")
   c = cal.tpu_constants
-  print("fitted TPU constants: " + _constants(c, timemodel.Constants.FITTED) + "; set: "
-        + _constants(c, timemodel.Constants.NAMES[len(timemodel.Constants.FITTED):]))
+  print("fitted TPU constants: " + _constants(c, fit.FITTED) + "; set: "
+        + _constants(c, tuple(k for k in timemodel.Constants.NAMES if k not in fit.FITTED)))
   s = fit.spread(cal.tpu_loo)
   print(f"uncertainty (what check states): x/÷ {s['factor_1sigma']} typical, "
         f"{s['worst']}x worst, leave-one-out over {s['runs']} runs")

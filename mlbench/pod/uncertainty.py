@@ -133,11 +133,19 @@ class Uncertainty:
 
 
 def of(platform: str) -> Uncertainty:
-  """The stored spreads and calibrated sets of a platform's time model."""
+  """The stored spreads and calibrated sets of a platform's time model. A platform without
+  never-fitted runs of its own (the GPUs: their model is the TPU fit's but for one
+  efficiency) takes the TPU's never-fitted spread, said so."""
   raw = accelerators.time_model(platform)
   cal = raw.get("calibrated") or {}
+  never = Spread.from_dict(raw.get("never_fitted"))
+  if never is None and platform != "tpu":
+    tpu = Spread.from_dict(accelerators.time_model("tpu").get("never_fitted"))
+    if tpu is not None:
+      never = dataclasses.replace(tpu, what=f"{tpu.what}: the {platform} model shares the "
+                                  "TPU fit's constants but its efficiency")
   return Uncertainty(platform=platform, loo=Spread.from_dict(raw.get("leave_one_out")),
-                     never_fitted=Spread.from_dict(raw.get("never_fitted")),
+                     never_fitted=never,
                      accelerators=tuple(cal.get("accelerators") or ()),
                      workloads=tuple(cal.get("workloads") or ()))
 

@@ -56,9 +56,12 @@ def tpu_rows():
   return rows
 
 
-def test_the_fit_recovers_known_constants_and_leave_one_out_predicts_each_run(tpu_rows):
+def test_the_fit_recovers_known_constants_and_leave_one_out_predicts_each_run(tpu_rows,
+                                                                           monkeypatch):
   """Rows of real calibration cases whose 'measured' times come from known constants (the
-  warm-ups the logs show, which the fit measures rather than fits)."""
+  warm-ups the logs show, which the fit measures rather than fits): every fittable
+  constant fitted; then the chosen three (the others held at their start)."""
+  monkeypatch.setattr(fit, "FITTED", timemodel.Constants.FITTED)
   default, by = fit.warmups(tpu_rows)
   assert dict(by)["resnet50"] > 1 and len(by) == 4  # ResNet-50 fills its input pipeline
   true = timemodel.Constants(eta=0.45, hbm=1.2, fixed_flops=3e11, warmup_s=default,
@@ -78,6 +81,13 @@ def test_the_fit_recovers_known_constants_and_leave_one_out_predicts_each_run(tp
   gpu_like = [dataclasses.replace(r, inputs=dataclasses.replace(r.inputs, accelerator="h100"))
               for r in fake[:4]]
   assert fit.spread(fit.leave_one_out(gpu_like, got, only_eta=True))["worst"] < 1.02
+  monkeypatch.setattr(fit, "FITTED", ("eta", "hbm", "fixed_flops"))
+  held = dataclasses.replace(true, eval_overhead_s=0.0, kappa=1.0, fixed_bytes_per_param=42.9)
+  fake = [dataclasses.replace(r, measured=dataclasses.replace(
+      r.measured, run_s=timemodel.predict(r.inputs, held).total_s)) for r in tpu_rows]
+  got = fit.fit(fake, dataclasses.replace(held, eta=0.6, hbm=1.0, fixed_flops=1e11))
+  assert (got.eval_overhead_s, got.kappa, got.fixed_bytes_per_param) == (0.0, 1.0, 42.9)
+  assert got.eta == pytest.approx(0.45, rel=0.02) and got.hbm == pytest.approx(1.2, rel=0.05)
 
 
 def test_the_stored_tpu_constants_are_the_fit_of_the_calibration_set(tpu_rows):
