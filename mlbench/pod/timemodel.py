@@ -13,10 +13,9 @@
   (the weight update, normalisation statistics, small ops' latencies), as FLOPs
   at the chip's peak, so it takes a v3 core 4.5x longer than a v4 chip. The
   per-example bytes are XLA's `bytes accessed` less the batch-independent ones,
-  `fixed_bytes_per_param` x the f32 parameter bytes per device (fitted: at 8 to
-  16 examples a chip the weights' reads and writes are most of a step's bytes,
-  and a set value made small-batch steps look memory-bound that the published
-  runs show are not; the cached compiles' intercept, 36 to 47, is its start);
+  `fixed_bytes_per_param` x the f32 parameter bytes per device (held at the
+  cached compiles' intercept, 42.9: fitting it as well scored worse under
+  leave-one-out and swung from 46 to 27 with one run left out);
 - replicas running different programs (a run that buckets sequences by length runs
   one program per bucket, a replica's step drawing one): each program's roofline at its
   share of a replica's steps, and the step the expected slowest of the replicas
@@ -24,8 +23,8 @@
   the weighted mean, on thousands the slowest program);
 - collectives: the data-parallel gradient all-reduce and the model/expert-axis
   collectives, timed on the slice's torus (`collectives`: over all its axes at
-  once), a fitted fraction `kappa` of them exposed (1: not overlapped with the
-  backward pass);
+  once), a fraction `kappa` of them exposed (held at 1, not overlapped with the
+  backward pass: it fits to 1 when fitted);
 - per step, the host overhead `step_overhead_s` (0 for TPUs: the published runs
   ran device loops of whole epochs, and a per-step constant in host seconds fits
   them worse than the device's own fixed work);
@@ -35,8 +34,9 @@
 - evaluations: as many as the rules' cadence (or the run's log) says, each the
   compiled eval step (roofline and fixed work) over the eval set split over the
   devices (padded to whole batches), each batch's sums all-reduced over the
-  slice (latency-bound at thousands of chips), plus the fitted per-evaluation
-  overhead `e0` (host work: reading the sums, logging);
+  slice (latency-bound at thousands of chips), plus a per-evaluation overhead
+  `e0` (host work: reading the sums, logging; held at 0, the better choice under
+  leave-one-out);
 - warm-up: the first block's time beyond the steady rate, as the published logs
   show it (`RunLog.warmup_s` of benchmarks/calibration/runlog.py: compile and
   program load, the input pipeline's fill, the first steps), measured per workload
@@ -47,7 +47,9 @@
   logs record).
 
 The constants live in accelerators.yaml (`time_model`), fitted on the published TPU
-runs by the calibration tooling outside the package (benchmarks/calibration/fit.py).
+runs by the calibration tooling outside the package (benchmarks/calibration/fit.py;
+which are fitted and which held is a choice made on leave-one-out alone,
+benchmarks/model_choices.py), beside both measured spreads (`uncertainty`).
 """
 
 from __future__ import annotations
@@ -65,15 +67,18 @@ INPUT_CPU_S = {"resnet50": 2.7e-3, "ssd": 5.0e-3, "bert": 5e-5, "transformer": 5
                "moe": 5e-5, "llama31_8b": 2e-4}
 
 
-# The p of the soft roofline (c^p + m^p)^(1/p), chosen on the published runs: leave-one-out
-# typical factor 1.188 at p = 2 (but 9 of 18 held-out runs within 1.25x), 1.189 at 3 (11
-# of 18), 1.193 at 4, 1.208 at 8, 1.230 for a hard max.
+# The p of the soft roofline (c^p + m^p)^(1/p), chosen on leave-one-out alone
+# (benchmarks/model_choices.py, 2026-11-28, the runs costed by what they ran): typical
+# factor 1.175 at p = 2, 1.172 at 3 (worst 1.51x), 1.172 at 4 (worst 1.52x), 1.173 at 8
+# and for a hard max. (It was first chosen in part on the v0.6 runs, which now only
+# measure: benchmarks/README.md, "Pod prediction".)
 ROOFLINE_P = 3.0
 
 
 @dataclasses.dataclass(frozen=True)
 class Constants:
-  """The time model's constants: the first five fitted, the rest fixed by physics or by
+  """The time model's constants: `FITTED` the ones the calibration may fit (it fits
+  eta, hbm and fixed_flops, holding the others), the rest fixed by physics or by
   measurement (see the module doc)."""
 
   eta: float              # achieved fraction of the peak FLOP/s (train and eval programs)
