@@ -51,9 +51,9 @@ def time_step(w, cfg, steps: int, warmup: int) -> dict:
   p = steps_lib.compile_programs(w, cfg, sched, mesh, StepContext(mesh=mesh),
                                  w.optimizer(cfg, sched))
   compile_s = time.perf_counter() - t0
-  gbs = sched.global_batch_size
-  batch = mesh_lib.to_global(w.synthetic_batch(cfg, Split.TRAIN, gbs, np.random.default_rng(0)),
-                             p.batch_sharding, gbs)
+  gbs, rows = sched.global_batch_size, sched.rows()  # rows < gbs where a step packs (BERT)
+  batch = mesh_lib.to_global(w.synthetic_batch(cfg, Split.TRAIN, rows, np.random.default_rng(0)),
+                             p.batch_sharding, rows)
   state, sums = p.init_state(0), p.fresh_sums()
   times = []
   for i in range(warmup + steps):
@@ -66,7 +66,7 @@ def time_step(w, cfg, steps: int, warmup: int) -> dict:
   mem = p.train.memory_analysis()  # XLA's plan for the step: what it must hold at once
   step_bytes = (mem.argument_size_in_bytes + mem.output_size_in_bytes
                 - mem.alias_size_in_bytes + mem.temp_size_in_bytes) if mem else None
-  return {"batch": gbs, "step_ms": 1e3 * step_s, "samples_per_s": gbs / step_s,
+  return {"batch": gbs, "rows": rows, "step_ms": 1e3 * step_s, "samples_per_s": gbs / step_s,
           "compile_s": compile_s, "step_bytes": step_bytes,
           "flops_per_example": steps_lib.flops_per_example(w, cfg, StepContext(mesh=mesh))}
 

@@ -159,7 +159,9 @@ def main() -> None:
 
   from mlbench.workload import Split
 
-  w, cfg = config_for(args.workload, args.config, args.precision, args.batch, args.set)
+  # The peers train one padded sequence a row (HF BertForPreTraining has no packing).
+  padded = ["data.max_sequences_per_row=1"] if args.workload == "bert" else []
+  w, cfg = config_for(args.workload, args.config, args.precision, args.batch, [*args.set, *padded])
   batch = w.synthetic_batch(cfg, Split.TRAIN, w.schedule(cfg).global_batch_size,
                             np.random.default_rng(0))
   print(json.dumps(measure(args.workload, cfg, batch, precision=args.precision,

@@ -39,13 +39,13 @@ CONVENTIONAL = {
 """Members every package is expected to define, and the module that holds each."""
 
 OPTIONAL = {"layer_stack": TRAIN, "host": TRAIN, "prepare": INPUT, "bind": INPUT,
-            "keep": INPUT, "examples": INPUT, "verify": INPUT}
+            "keep": INPUT, "examples": INPUT, "verify": INPUT, "pack": INPUT}
 """Members a package may define (see `Workload`, `InputSpec`, `EvalSpec`), and where."""
 
 CONFIGS = ("mini", "full")
 """The functions of `config.py` that build the configs of those names."""
 
-_INPUT_FIELDS = ("files", "decode", "prepare", "bind", "examples", "keep", "verify")
+_INPUT_FIELDS = ("files", "decode", "prepare", "bind", "examples", "keep", "verify", "pack")
 _EVAL_FIELDS = {"eval_step": "step", "compute": "compute", "host": "host"}
 
 

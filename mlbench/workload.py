@@ -55,6 +55,13 @@ class Split(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
+class Packing:
+  """Up to `max_per_row` examples a training row, rows sized at `factor` a row (BERT's)."""
+  factor: float
+  max_per_row: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Schedule:
   """Batch sizes and the training budget of one config.
 
@@ -83,6 +90,11 @@ class Schedule:
   gradient_accumulation_steps: int = 1
   eval_offset: float = 0.0
   epoch_steps: int = 0
+  packing: Packing | None = None  # several examples a training row (see Packing)
+  train_rows: int = 0  # rows a training step, as the harness resolved them (0: the batch)
+
+  def rows(self) -> int:
+    return self.train_rows or self.global_batch_size
 
   @property
   def steps_per_epoch(self) -> float:
@@ -205,9 +217,9 @@ class Examples(Protocol):
 class InputSpec:
   """How the harness reads a workload's data; the harness builds the pipeline.
 
-  The harness shards files per host, interleaves, caches, shuffles, decodes in
-  parallel, batches, pads the evaluation set, and prefetches to devices. The
-  workload only names its files and decodes one record.
+  The harness shards files per host, interleaves, caches, shuffles, decodes in parallel,
+  batches, pads the evaluation set, and prefetches to devices. The workload only names its
+  files and decodes one record.
 
   A workload whose data is not TFRecords gives `examples` instead of `decode`: the
   harness then reads training examples in index order (step s takes examples
@@ -220,14 +232,12 @@ class InputSpec:
       files, unless `examples` reads them). Raises `mlbench.errors.UserError`
       naming the expected layout if they are missing.
     decode: `decode(cfg, split) -> DecodeFn`, for TFRecords.
-    prepare: `prepare(cfg, data_dir)` creates the dataset under `data_dir` if
-      this config's data can be generated locally (the mini configs) and does
-      nothing if it is already there; None if the data must be supplied. Runs
-      before the benchmark, like MLPerf's `init_datasets.sh`.
-    bind: `bind(cfg, data_dir) -> cfg` fills in config fields that name files
-      beside the data (the Transformer's subword vocabulary, which its eval
-      host part needs to turn token ids into text); runs after `prepare`.
-      None: the config needs nothing from the data folder.
+    prepare: `prepare(cfg, data_dir)` creates the dataset under `data_dir` if this config's data
+      can be generated locally (the mini configs) and does nothing if it is already there; None
+      if the data must be supplied. Runs before the benchmark, like MLPerf's `init_datasets.sh`.
+    bind: `bind(cfg, data_dir) -> cfg` fills in config fields that name files beside the data
+      (the Transformer's subword vocabulary, which its eval host part needs to turn token ids
+      into text); runs after `prepare`. None: the config needs nothing from the data folder.
     examples: `examples(cfg, data_dir, split, seed) -> Examples`, for other
       formats; `seed` is the run's (training order may depend on it).
     keep: `keep(cfg, split) -> predicate`, a TensorFlow function of one
@@ -238,6 +248,8 @@ class InputSpec:
     verify: `verify(cfg, folder, full) -> [DataCheck]`: what `mlbench data verify` checks
       of this format in a prepared folder beyond every dataset's files, sizes and schema
       (`full`: also the checks that read everything). None: nothing more.
+    pack: `pack(cfg, examples, rows) -> packer` (`Schedule.packing`): `packer(chunks)` makes decoded
+      examples (numpy chunks, shuffled) into endless batches of `rows` rows holding `examples`.
   """
 
   files: Callable[[Config, Path, Split], Sequence[str]]
@@ -247,6 +259,7 @@ class InputSpec:
   examples: Callable[[Config, Path, Split, int], Examples] | None = None
   keep: Callable[[Config, Split], Callable[[Any], Any]] | None = None
   verify: Callable[[Config, Path, bool], Sequence[DataCheck]] | None = None
+  pack: Callable[[Config, int, int], Callable[[Any], Any]] | None = None
 
   def __post_init__(self) -> None:
     if (self.decode is None) == (self.examples is None):
@@ -291,18 +304,17 @@ class Workload:
     optimizer: `optimizer(cfg, schedule) -> optax.GradientTransformation`.
     input: see `InputSpec`.
     eval: see `EvalSpec`.
-    synthetic_batch: `synthetic_batch(cfg, split, batch_size, rng) -> Batch` of
-      realistic random data with the exact keys, shapes and dtypes that
-      `decode` produces (the harness adds `mask` to evaluation batches). Used
-      for tests and for compiling from shapes.
-    hparams: `hparams(cfg, schedule, ctx) -> {mlperf_key: value}`: the
-      workload's MLPerf hyperparameter keys (optimizer, schedule, model
-      choices; `model_bn_span` from `ctx.bn_groups` for batch-norm models). The
-      harness adds `global_batch_size`, `train_samples`, `eval_samples`,
-      `gradient_accumulation_steps` and `seed`.
-    partition_rules: `partition_rules(cfg) -> [(regex, logical PartitionSpec)]` on
-      parameter paths (`layer_0/attention/query/kernel`); the harness maps the logical
-      axes onto the mesh. Default: none, everything replicated.
+    synthetic_batch: `synthetic_batch(cfg, split, batch_size, rng) -> Batch` of realistic random
+      data with the exact keys, shapes and dtypes that `decode` produces (the harness adds
+      `mask` to evaluation batches; packed training: `pack`'s rows). Used for tests and for
+      compiling from shapes.
+    hparams: `hparams(cfg, schedule, ctx) -> {mlperf_key: value}`: the workload's MLPerf
+      hyperparameter keys (optimizer, schedule, model choices; `model_bn_span` from
+      `ctx.bn_groups` for batch-norm models). The harness adds `global_batch_size`,
+      `train_samples`, `eval_samples`, `gradient_accumulation_steps` and `seed`.
+    partition_rules: `partition_rules(cfg) -> [(regex, logical PartitionSpec)]` on parameter
+      paths (`layer_0/attention/query/kernel`); the harness maps the logical axes onto the mesh.
+      Default: none, everything replicated.
     flops_per_example: analytic model FLOPs of one training example (forward and
       backward); None: no MFU is reported.
     layer_stack: `layer_stack(cfg) -> LayerStack | None`, the layers built by

@@ -141,6 +141,12 @@ def _print(report, console) -> None:
                 f"per device: parameters {_mib(report.param_bytes_per_device)}, optimizer state "
                 f"{_mib(report.opt_state_bytes_per_device)} (of {_mib(report.opt_state_bytes_total)})",
                 highlight=False)
+  if report.rows_per_step != report.global_batch_size:
+    console.print(f"packed: the {report.global_batch_size:,} examples of a step in "
+                  f"{report.rows_per_step:,} rows (packing factor "
+                  f"{report.global_batch_size / report.rows_per_step:.3f}); model FLOPs per "
+                  f"example {report.flops_per_example / 1e9:,.1f} GFLOP (the packed step's)",
+                  highlight=False)
   table = Table(title="compiled programs (per device)", title_justify="left")
   for col in ("program", "GFLOP/step (all devices)", "arguments", "outputs", "temporaries",
               "peak", *COLLECTIVES):

@@ -70,9 +70,10 @@ def _description(w, name, cfg, ruleset) -> dict:
       # the figure every MFU mlbench reports is computed from.
       "flops_per_example": steps.flops_per_example(w, cfg, _one_device_context()),
       "schedule": {"global_batch_size": sched.global_batch_size,
-                   "eval_batch_size": sched.eval_batch_size,
+                   "eval_batch_size": sched.eval_batch_size, "rows_per_step": sched.rows(),
                    "train_examples": sched.train_examples, "eval_examples": sched.eval_examples,
                    "max_train_samples": sched.max_train_samples, "max_steps": sched.max_steps},
+      "packing": _packing(sched),
       "hyperparameters": config_lib.flatten(cfg),
       "ruleset": rule.ruleset,
       "quality": {"key": rule.quality.key, "target": rule.quality.target,
@@ -81,6 +82,16 @@ def _description(w, name, cfg, ruleset) -> dict:
                       for key, (value, why) in fields.provisionals(cfg).items()},
       **({"references": references(w)} if name == "full" else {}),
   }
+
+
+def _packing(sched) -> dict | None:
+  """A packed schedule's rows (before the harness rounds them up to split over a run's
+  devices) and what they hold; None: one example a row."""
+  if sched.packing is None:
+    return None
+  rows = sched.rows()
+  return {"max_per_row": sched.packing.max_per_row, "sized_for": sched.packing.factor,
+          "rows_per_step": rows, "packing_factor": sched.global_batch_size / rows}
 
 
 def _plain(value):
@@ -114,6 +125,13 @@ def _describe_one(console, w, name, cfg, ruleset) -> None:
                 f"{sched.eval_batch_size}, {sched.train_examples:,} train / "
                 f"{sched.eval_examples:,} eval examples, budget {sched.max_train_samples:,} "
                 f"samples ({sched.max_steps:,} steps)", highlight=False)
+  packing = _packing(sched)
+  if packing:
+    console.print(f"packing: on, {sched.global_batch_size:,} examples a step in "
+                  f"{packing['rows_per_step']:,} rows (packing factor "
+                  f"{packing['packing_factor']:.3f}; up to {packing['max_per_row']} a row; "
+                  "rows are rounded up to split over a run's devices); FLOPs per example "
+                  "are the packed step's", highlight=False)
   table = Table(title="hyperparameters (--set KEY=VALUE)", title_justify="left")
   table.add_column("key")
   table.add_column("value")

@@ -76,6 +76,8 @@ class CheckReport:
   param_dtypes: dict[str, int] = dataclasses.field(default_factory=dict)
   opt_state_dtypes: dict[str, int] = dataclasses.field(default_factory=dict)
   attention: tuple[str, ...] = ()  # one line per program and kind of attention call
+  rows_per_step: int = 0  # rows of the train step (fewer than the batch where it packs)
+  flops_per_example: float = 0.0  # the analytic model FLOPs of one example (packed step's)
 
   @property
   def peak_bytes(self) -> int:
@@ -220,7 +222,7 @@ def dry_run(plan: Plan, *, topology: str | None = None,
   import jax
   import numpy as np
 
-  from mlbench.train import sharding, steps
+  from mlbench.train import sharding
 
   device = plan.mesh.devices.flat[0]
   where = topology or f"{plan.mesh.devices.size} x {device.device_kind}"
@@ -236,9 +238,10 @@ def dry_run(plan: Plan, *, topology: str | None = None,
   param_bytes = sharding.bytes_per_device(params, programs.state_sharding.params)
   # On GPUs XLA's cost analysis misses the cuBLAS/cuDNN custom calls (most of the FLOPs),
   # so only the TPU compiler's counts make a prediction.
-  if acc is not None and acc.platform == "tpu":
-    model_flops = steps.flops_per_example(plan.workload, plan.cfg, plan.ctx) * plan.gbs
-    prediction = _predict(plan, acc, reports, param_bytes, model_flops, convergence)
+  tpu = acc is not None and acc.platform == "tpu"
+  per_example = _flops_per_example(plan) if tpu or plan.workload.flops_per_example else 0.0
+  if tpu:
+    prediction = _predict(plan, acc, reports, param_bytes, per_example * plan.gbs, convergence)
   return CheckReport(
       workload=plan.workload.name, config=plan.config_name, mesh=dict(plan.mesh.shape),
       platform=device.platform,
@@ -250,7 +253,16 @@ def dry_run(plan: Plan, *, topology: str | None = None,
       topology=topology, accelerator=None if acc is None else acc.name,
       hbm_bytes_per_device=None if acc is None else acc.device_hbm_bytes, prediction=prediction,
       param_dtypes=_dtypes(params), opt_state_dtypes=_dtypes(jax.eval_shape(plan.tx.init, params)),
-      attention=tuple(used.line() for used in programs.attention))
+      attention=tuple(used.line() for used in programs.attention),
+      rows_per_step=plan.schedule.rows(), flops_per_example=per_example)
+
+
+def _flops_per_example(plan: Plan) -> float:
+  """The model FLOPs of one example: the workload's analytic count (a packed step's where
+  it packs), else XLA's of its lowered gradient."""
+  from mlbench.train import steps
+
+  return steps.flops_per_example(plan.workload, plan.cfg, plan.ctx)
 
 
 def _dtypes(tree: Any) -> dict[str, int]:

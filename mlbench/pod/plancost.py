@@ -164,7 +164,8 @@ def compile_record(workload: str, config: str, overrides: tuple[str, ...], proxy
           "train_collectives": train.collectives,
           "train_collective_group_bytes": {str(k): v for k, v in
                                            train.collective_group_bytes.items()},
-          "model_flops_per_example": pred.model_flops_per_step / gbs if pred else 0.0}
+          "model_flops_per_example": pred.model_flops_per_step / gbs if pred else 0.0,
+          "rows_per_step": report.rows_per_step}  # fewer than gbs where the step packs
 
 
 def points_fn(workload: str, config: str, overrides: tuple[str, ...], rule: Any,
@@ -213,9 +214,14 @@ def calibration_costs(workload: str, config: str, overrides: tuple[str, ...]
   wl = registry.get(workload)
   _, cfg, _ = config_lib.configured(wl, config, ())
   per_example = float(wl.flops_per_example(cfg))
+  # A packed step (BERT's) runs examples / factor rows, and a row costs what one padded
+  # example does (the same length through the same layers): the calibration's compiles,
+  # of one example a row, serve it at that many rows a device.
+  packing = wl.schedule(cfg).packing
+  per_row = packing.factor if packing is not None else 1.0
 
   def cost(proxy: str, per_device: int) -> plan_lib.Costs:
-    train = costtable.device_cost(records, workload, per_device, 1, "train")
+    train = costtable.device_cost(records, workload, per_device / per_row, 1, "train")
     evaluation = costtable.device_cost(records, workload, per_device, 1, "eval")
     return plan_lib.Costs(
         train=timemodel.StepCost(train["flops"], train["bytes"]),

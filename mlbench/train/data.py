@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import itertools
 import json
 import math
 import os
@@ -98,8 +99,10 @@ def _records(files: Sequence[str], opts: PipelineOptions, *, parallel: bool) -> 
 def train_dataset(files: Sequence[str], decode: Callable[[Any, Any], dict[str, Any]], *,
                   per_host_batch: int, seed: int, host: int, hosts: int,
                   opts: PipelineOptions = PipelineOptions(), skip_batches: int = 0,
-                  keep: Callable[[Any], Any] | None = None) -> Any:
-  """An endless, shuffled, decoded, batched tf.data pipeline of this host's files.
+                  keep: Callable[[Any], Any] | None = None,
+                  pack: Callable[[Iterator[Any]], Iterator[Any]] | None = None) -> Any:
+  """An endless, shuffled, decoded, batched tf.data pipeline of this host's files (with
+  `pack`, the `PackedBatches` it makes of the decoded examples).
 
   Args:
     files: every training file; this host reads `files[host::hosts]`.
@@ -112,6 +115,10 @@ def train_dataset(files: Sequence[str], decode: Callable[[Any, Any], dict[str, A
       batches follow as in a run that never stopped. Records are skipped
       before they are decoded, so skipping costs reading, not decoding.
     keep: records it rejects are skipped (`InputSpec.keep`).
+    pack: a packer (`InputSpec.pack`'s) that makes this host's batches of the decoded
+      examples, in chunks, in the shuffled order; skipped batches are then packed and
+      dropped (a packer carries sequences from step to step, so only replaying it gives
+      a resumed run the same batches).
   """
   t = tf()
   mine = sorted(files)[host::hosts]
@@ -130,11 +137,31 @@ def train_dataset(files: Sequence[str], decode: Callable[[Any, Any], dict[str, A
                             reshuffle_each_iteration=True).repeat()
   seeds = t.data.Dataset.random(seed=host_seed).batch(2)
   ds = t.data.Dataset.zip((records, seeds))
-  if skip_batches:  # Decoding is one-to-one and batches are full: skip whole batches' records.
-    ds = ds.skip(skip_batches * per_host_batch)
+  if skip_batches and pack is None:  # Decoding is one-to-one and batches are full: skip
+    ds = ds.skip(skip_batches * per_host_batch)  # whole batches' records.
   ds = ds.map(decode, num_parallel_calls=t.data.AUTOTUNE, deterministic=opts.deterministic)
+  if pack is not None:
+    chunks = ds.batch(PACK_CHUNK).prefetch(t.data.AUTOTUNE).with_options(_options(opts))
+    return PackedBatches(chunks, pack, skip_batches)
   ds = ds.batch(per_host_batch, drop_remainder=True)
   return ds.prefetch(t.data.AUTOTUNE).with_options(_options(opts))
+
+
+PACK_CHUNK = 64
+"""Decoded examples a packer receives at a time (NumPy arrays of that many rows)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedBatches:
+  """A packer's batches of a tf.data pipeline of decoded examples in chunks; iterable once
+  per run (each iteration starts the pipeline and the packer afresh)."""
+
+  chunks: Any
+  pack: Callable[[Iterator[Any]], Iterator[Any]]
+  skip: int = 0
+
+  def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+    return itertools.islice(self.pack(self.chunks.as_numpy_iterator()), self.skip, None)
 
 
 def eval_steps(num_examples: int, per_host_batch: int, hosts: int) -> int:
@@ -171,8 +198,8 @@ def eval_dataset(files: Sequence[str], decode: Callable[[Any, Any], dict[str, An
 
 
 def numpy_batches(ds: Any) -> Iterator[dict[str, np.ndarray]]:
-  """Iterates a tf.data dataset of dicts (or an `EvalBatches`) as numpy dicts."""
-  return iter(ds) if isinstance(ds, EvalBatches) else ds.as_numpy_iterator()
+  """Iterates a tf.data dataset of dicts (or `EvalBatches`, `PackedBatches`) as numpy dicts."""
+  return iter(ds) if isinstance(ds, (EvalBatches, PackedBatches)) else ds.as_numpy_iterator()
 
 
 def _stack(examples: Any, indices: Sequence[int]) -> dict[str, np.ndarray]:

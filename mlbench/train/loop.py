@@ -95,6 +95,12 @@ def _log_setup(plan: Plan, seed: int, log: MLLog) -> None:
   log.event("mlbench_ruleset", plan.rule.ruleset)
   if plan.runtime.xla_flags:  # what the harness set for the platform (never the user's own)
     log.event("mlbench_xla_flags", " ".join(plan.runtime.xla_flags))
+  packing = plan.schedule.packing
+  if packing is not None:  # Sequences per step stay global_batch_size, in fewer rows.
+    rows = plan.schedule.rows()
+    log.event("mlbench_packing", round(plan.gbs / rows, 4), {
+        "rows_per_step": rows, "sequences_per_step": plan.gbs,
+        "max_sequences_per_row": packing.max_per_row, "sized_for": packing.factor})
   stages = pipeline.stage_count(plan.mesh)
   if stages > 1:  # The schedule whose bubble every step's time includes (never off the clock).
     log.event("mlbench_pipeline", stages, {
@@ -259,6 +265,10 @@ def _train_iterator(plan: Plan, programs: steps.Programs, seed: int, skip: int =
   """The train batches on the device; the first `skip` (done before a resumed
   checkpoint) are read and dropped, so a resumed run sees the same batches."""
   spec, rt = plan.workload.input, plan.runtime
+  packing = plan.schedule.packing
+  if packing is not None and (spec.pack is None or spec.examples is not None):
+    raise TypeError(f"{plan.workload.name}: a schedule with packing needs InputSpec.pack "
+                    "(and TFRecords, read by decode)")
   if spec.examples is not None:
     batches = data.example_batches(spec.examples(plan.cfg, plan.data_dir, Split.TRAIN, seed),
                                    per_host_batch=plan.gbs // rt.process_count,
@@ -266,10 +276,13 @@ def _train_iterator(plan: Plan, programs: steps.Programs, seed: int, skip: int =
     return data.prefetch(itertools.islice(batches, skip, None),
                          _putter(plan, programs, Split.TRAIN))
   files = spec.files(plan.cfg, plan.data_dir, Split.TRAIN)
+  pack = None if packing is None else spec.pack(
+      plan.cfg, plan.gbs // rt.process_count, plan.schedule.rows() // rt.process_count)
   ds = data.train_dataset(files, spec.decode(plan.cfg, Split.TRAIN),
                           per_host_batch=plan.gbs // rt.process_count, seed=seed,
                           host=rt.process_index, hosts=rt.process_count,
-                          opts=plan.pipeline, skip_batches=skip, keep=_keep(plan, Split.TRAIN))
+                          opts=plan.pipeline, skip_batches=skip, keep=_keep(plan, Split.TRAIN),
+                          pack=pack)
   return data.prefetch(data.numpy_batches(ds), _putter(plan, programs, Split.TRAIN))
 
 

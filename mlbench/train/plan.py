@@ -107,6 +107,21 @@ def harness_hparams(schedule: Schedule) -> dict[str, Any]:
           "gradient_accumulation_steps": schedule.gradient_accumulation_steps}
 
 
+def _with_rows(schedule: Schedule, runtime: Runtime, mesh: Any,
+               pipe: config_lib.PipelineConfig) -> Schedule:
+  """The schedule with its training rows resolved for this mesh: a packed workload's
+  global_batch_size / packing.factor, rounded up to split evenly over the data-parallel
+  devices (times the accumulation steps and pipeline microbatches) and the processes."""
+  if schedule.packing is None:
+    return schedule
+  stages = pipeline.stage_count(mesh)
+  micro = (pipe.microbatches or stages) if stages > 1 else 1
+  quantum = math.lcm(mesh_lib.data_size(mesh) * schedule.gradient_accumulation_steps * micro,
+                     runtime.process_count)
+  rows = math.ceil(schedule.global_batch_size / (schedule.packing.factor * quantum)) * quantum
+  return dataclasses.replace(schedule, train_rows=min(rows, schedule.global_batch_size))
+
+
 def _check_batches(schedule: Schedule, runtime: Runtime, mesh: Any) -> None:
   devices = mesh_lib.data_size(mesh)
   for name, size in (("global_batch_size", schedule.global_batch_size),
@@ -148,8 +163,7 @@ def _parallelism(workload: Workload, config_name: str, cfg: Any, schedule: Sched
   micro = pipe.microbatches or stages
   replicas = math.prod(mesh.shape[a] for a in pipeline.batch_axes(mesh))
   pipeline.check(stages=stages, microbatches=micro, layers=stack.layers, what=what, per_replica={
-      "global_batch_size": schedule.global_batch_size
-      // (replicas * schedule.gradient_accumulation_steps),
+      "global_batch_size": schedule.rows() // (replicas * schedule.gradient_accumulation_steps),
       "eval_batch_size": schedule.eval_batch_size // replicas})
   return micro
 
@@ -168,6 +182,7 @@ def make_plan(rc: RunConfig, runtime: Runtime, *,
                     f"{choices(rules.rulesets(workload.benchmark, workload.rulesets))}")
   schedule = workload.schedule(cfg)
   mesh = mesh_lib.make_mesh(dict(rc.mesh) if rc.mesh else None, devices=runtime.devices)
+  schedule = _with_rows(schedule, runtime, mesh, harness.pipeline)
   _check_batches(schedule, runtime, mesh)
   ctx = StepContext(mesh=mesh, bn_groups=_bn_groups(rc.bn_group_size, mesh, schedule, cfg),
                     microbatches=_parallelism(workload, name, cfg, schedule, mesh,

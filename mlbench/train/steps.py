@@ -63,7 +63,8 @@ class Programs:
 
 def batch_spec(workload: Workload, cfg: Any, split: Split, global_batch: int,
                shard: Any) -> dict[str, jax.ShapeDtypeStruct]:
-  """Global batch shapes, read off a one-example synthetic batch."""
+  """Global batch shapes, read off a one-row synthetic batch (`global_batch` rows: for
+  packed training, `Schedule.rows()`)."""
   one = workload.synthetic_batch(cfg, split, 1, np.random.default_rng(0))
   if split is Split.EVAL:
     one = {**one, data.MASK: np.ones((1,), np.int32)}
@@ -176,7 +177,7 @@ def compile_programs(workload: Workload, cfg: Any, schedule: Schedule, mesh: Any
     update_sh = sharding.over_data(state_shapes.params, state_sh.params, mesh)
   batch_sh = mesh_lib.batch_sharding(mesh)
   rep = mesh_lib.replicated(mesh)
-  train_spec = batch_spec(workload, cfg, Split.TRAIN, schedule.global_batch_size, batch_sh)
+  train_spec = batch_spec(workload, cfg, Split.TRAIN, schedule.rows(), batch_sh)
   eval_spec = batch_spec(workload, cfg, Split.EVAL, schedule.eval_batch_size, batch_sh)
 
   train = train_fn(workload, cfg, ctx, tx, update_sh, state_sh.params,

@@ -101,12 +101,16 @@ def test_a_reduced_bert_large_compiles_for_a_v4_slice(mlbench, tmp_path):
   cfg = dataclasses.replace(
       cfg, model=dataclasses.replace(cfg.model, num_layers=2),
       data=dataclasses.replace(cfg.data, max_seq_length=128, max_predictions_per_seq=20))
-  analytic = 16 * WORKLOAD.flops_per_example(cfg)
+  # Packed (the full config's default): the 16 sequences in 16 / 1.95 rows, rounded up to
+  # split over the 4 chips; the program runs the rows, the model FLOPs count the sequences.
+  assert report["rows_per_step"] == 12 and report["global_batch_size"] == 16
+  per_example = WORKLOAD.flops_per_example(cfg)
+  assert report["flops_per_example"] == pytest.approx(per_example)
   train = report["programs"][0]
   # Measured: the compiled program counts 4.7 % more than the analytic matmul FLOPs.
-  assert train["flops"] == pytest.approx(analytic, rel=0.05)
+  assert train["flops"] == pytest.approx(12 * 1.95 * per_example, rel=0.05)
   assert train["collectives"]["all-reduce"] > 0
-  assert report["prediction"]["model_flops_per_step"] == pytest.approx(analytic)
+  assert report["prediction"]["model_flops_per_step"] == pytest.approx(16 * per_example)
   dtypes = train["matmul_input_dtypes"]
   assert dtypes.get("bf16", 0) > 0.8 * sum(dtypes.values()), dtypes
   assert set(report["param_dtypes"]) == {"float32"}

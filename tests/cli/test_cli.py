@@ -151,10 +151,15 @@ def test_describe_json_carries_the_model_flops_every_mfu_uses(capsys):
     assert r["hyperparameters"]["model.dtype"] in ("float32", "bfloat16")
 
 
-def test_describe_shows_berts_batch_dependent_cadence(capsys):
+def test_describe_shows_berts_batch_dependent_cadence_and_packing(capsys):
   # 4.0.0: every FLOOR(0.05 * (230.23 * 8192 + 3,000,000), 25,000) = 225,000 samples.
   assert main(["describe", "bert", "--config", "full"]) == 0
-  assert "evaluate every 225000 samples" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "evaluate every 225000 samples" in out
+  # Packed: the 8,192 sequences of a step in ceil(8192 / 1.95) rows.
+  assert "packing: on, 8,192 examples a step in 4,202 rows (packing factor 1.950" in out
+  assert main(["describe", "bert", "--config", "mini", "--json"]) == 0
+  assert json.loads(capsys.readouterr().out)["packing"] is None
 
 
 def test_a_run_is_a_success_only_when_nothing_judges_it_non_compliant(tmp_path, write_log):

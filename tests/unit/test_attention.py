@@ -25,6 +25,8 @@ CASES = {
     "padding": (256, 256, 4, 4, 32, dict(kv_lengths_B=LENGTHS)),
     "segments, causal": (256, 256, 4, 4, 32, dict(causal=True, q_segments_BL=SEGMENTS,
                                                    kv_segments_BS=SEGMENTS)),
+    # Packed BERT rows: bidirectional attention within each sequence.
+    "segments": (256, 256, 4, 4, 32, dict(q_segments_BL=SEGMENTS, kv_segments_BS=SEGMENTS)),
     "cross-attention, padded keys": (128, 256, 4, 2, 32, dict(kv_segments_BS=SEGMENTS > 0)),
     "bias, padding": (256, 256, 4, 2, 32, dict(bias="bias", kv_lengths_B=LENGTHS)),
 }

@@ -30,7 +30,7 @@ class Compiled:
   def train(self, state: Any, batch: dict) -> tuple[Any, dict]:
     """One train step on a host batch; (state, the step's metric sums)."""
     device_batch = mesh_lib.to_global(batch, self.programs.batch_sharding,
-                                      self.schedule.global_batch_size)
+                                      self.schedule.rows())
     return self.programs.train(state, self.programs.fresh_sums(), device_batch)
 
 

@@ -20,7 +20,7 @@ from mlbench.workload import Split
 def test_train_step_learns_its_synthetic_batch(compiled):
   w, cfg, sched = compiled.workload, compiled.cfg, compiled.schedule
   state = compiled.fresh_state()
-  batch = w.synthetic_batch(cfg, Split.TRAIN, sched.global_batch_size, np.random.default_rng(0))
+  batch = w.synthetic_batch(cfg, Split.TRAIN, sched.rows(), np.random.default_rng(0))
   losses = []
   for _ in range(8):
     state, sums = compiled.train(state, batch)

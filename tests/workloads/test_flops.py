@@ -72,6 +72,13 @@ def _config(name: str, config: str):
   return registry.get(name).configs[config]()
 
 
+def per_row(name: str, cfg) -> float:
+  """Examples in one row of the training batch (a one-row synthetic batch is what the
+  counts below trace): a packed schedule's factor, else 1."""
+  packing = registry.get(name).schedule(cfg).packing
+  return packing.factor if packing else 1.0
+
+
 def test_every_built_in_workload_counts_its_flops_from_its_architecture():
   for name in BUILT_IN:
     w = registry.get(name)
@@ -86,12 +93,13 @@ def test_the_count_equals_the_layers_the_loss_calls(name, config):
   w = registry.get(name)
   cfg = _config(name, config)
   traced = 6 * traced_forward_macs(w, cfg)
-  assert w.flops_per_example(cfg) == pytest.approx(traced, rel=1e-12)
+  assert w.flops_per_example(cfg) * per_row(name, cfg) == pytest.approx(traced, rel=1e-12)
 
 
 def test_hand_derivations_of_the_full_architectures():
-  def flops(name):
-    return registry.get(name).flops_per_example(_config(name, "full"))
+  def flops(name, *overrides):
+    return registry.get(name).flops_per_example(
+        config_lib.override(_config(name, "full"), overrides))
 
   # ResNet-50 v1.5 at 224x224: 4.089 GMAC forward (torchvision's ResNet50_Weights
   # IMAGENET1K_V2 lists 4.089 G multiply-adds for the same architecture).
@@ -99,10 +107,12 @@ def test_hand_derivations_of_the_full_architectures():
   # BERT-large at sequence 512: per layer four H x H projections and the H x 4H
   # MLP at 512 positions plus scores and weighted values (512^2 x H each); the
   # masked-LM transform and tied output projection at the 76 masked positions; the
-  # pooler and next-sentence head at one.
+  # pooler and next-sentence head at one: padded, one sequence a row (the packed row, its
+  # heads at 83 positions and 8 slots, holds 1.95 sequences: test_bert_packing.py).
   s, h, f = 512, 1024, 4096
   layer = 4 * s * h * h + 2 * s * s * h + 2 * s * h * f
-  assert flops("bert") == 6 * (24 * layer + 76 * h * (h + 30522) + h * (h + 2))
+  assert flops("bert", "data.max_sequences_per_row=1") == 6 * (
+      24 * layer + 76 * h * (h + 30522) + h * (h + 2))
   # Transformer-big, 256 source and 256 target tokens: 6 encoder layers (self-
   # attention, MLP), 6 decoder layers (self- and cross-attention, MLP), the shared
   # 33,708-entry embedding as output projection.
@@ -213,4 +223,5 @@ def test_the_count_agrees_with_xlas_count_of_the_lowered_gradient(name, config):
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(
         cfg.model, moe=dataclasses.replace(cfg.model.moe, capacity_factor=1.0)))
   low, high = LOWERED_OVER_ANALYTIC[name]
-  assert low <= _lowered(name, cfg) / registry.get(name).flops_per_example(cfg) <= high
+  analytic = registry.get(name).flops_per_example(cfg) * per_row(name, cfg)
+  assert low <= _lowered(name, cfg) / analytic <= high

@@ -11,7 +11,7 @@ from mlbench.workload import StartPoint
 
 WORKLOAD = from_package(
     __name__, benchmark="bert", quality_metric="accuracy",
-    elsewhere={"prepare": "pydoc"}, also=("layer_stack",),
+    elsewhere={"prepare": "pydoc"}, also=("layer_stack", "pack"),
     # Phase 2 starts from the phase-1 checkpoint (mlcommons/training aa344c7f
     # retired_benchmarks/bert/README.md L5-9 and L193 `--init_checkpoint`).
     start=StartPoint(

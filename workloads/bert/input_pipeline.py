@@ -19,6 +19,7 @@ import numpy as np
 from mlbench.storage import paths
 from mlbench.train import data
 from mlbench.workload import Split
+from workloads.bert import packing
 from workloads.bert.config import BertConfig, Source
 
 PYDOC_DIR = "bert-pydoc"
@@ -62,11 +63,27 @@ def decode(cfg: BertConfig, split: Split):
   return parse
 
 
+def row_shape(cfg: BertConfig) -> packing.RowShape:
+  """What a packed training row holds under `cfg`."""
+  d = cfg.data
+  return packing.RowShape(d.max_seq_length, d.max_sequences_per_row, packing.row_predictions(
+      d.max_predictions_per_seq, d.max_sequences_per_row, d.max_seq_length))
+
+
+def pack(cfg: BertConfig, examples: int, rows: int) -> packing.Packer:
+  """The `InputSpec.pack`: this host's `examples` sequences a step in `rows` rows. The
+  look-ahead is the step's own sequences again (at least 256): the simulated Wikipedia
+  steps never ran short with it (benchmarks/bert_packing.py)."""
+  return packing.Packer(row_shape(cfg), examples=examples, rows=rows,
+                        lookahead=max(examples, 256))
+
+
 def synthetic_batch(cfg: BertConfig, split: Split, batch_size: int,
                     rng: np.random.Generator) -> dict[str, np.ndarray]:
-  """Random examples with `decode`'s keys, shapes and dtypes, and a learnable signal:
-  the masked tokens are copies of their left neighbours."""
-  del split
+  """Random examples with `decode`'s keys, shapes and dtypes (packed training: rows with
+  `pack`'s), and a learnable signal: the masked tokens are copies of their left neighbours."""
+  if split is Split.TRAIN and cfg.data.packed:
+    return _packed_rows(cfg, batch_size, rng)
   seq, preds, vocab = (cfg.data.max_seq_length, cfg.data.max_predictions_per_seq,
                        cfg.model.vocab_size)
   # At least room for the masked positions between [CLS] and the last [SEP]: a config may
@@ -87,3 +104,46 @@ def synthetic_batch(cfg: BertConfig, split: Split, batch_size: int,
       "masked_lm_weights": np.ones((batch_size, preds), np.float32),
       "next_sentence_labels": rng.integers(0, 2, batch_size).astype(np.int32),
   }
+
+
+def _examples(cfg: BertConfig, lengths: np.ndarray, predictions: np.ndarray,
+              rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
+  """One decoded record per length, with that many masked tokens (at most length - 2),
+  as `synthetic_batch` makes them."""
+  seq, preds, vocab = (cfg.data.max_seq_length, cfg.data.max_predictions_per_seq,
+                       cfg.model.vocab_size)
+  out = []
+  for n, k in zip(lengths.tolist(), predictions.tolist()):
+    ids = np.zeros(seq, np.int32)
+    ids[:n] = rng.integers(5, vocab, n)
+    k = min(k, n - 2)
+    positions = np.sort(rng.choice(np.arange(1, n - 1), k, replace=False)).astype(np.int32)
+    ids[positions] = ids[positions - 1]
+    labels = ids[positions].copy()
+    ids[positions] = 4  # [MASK]
+    out.append({
+        "input_ids": ids, "input_mask": (np.arange(seq) < n).astype(np.int32),
+        "segment_ids": ((np.arange(seq) >= n // 2) & (np.arange(seq) < n)).astype(np.int32),
+        "masked_lm_positions": np.pad(positions, (0, preds - k)),
+        "masked_lm_ids": np.pad(labels, (0, preds - k)),
+        "masked_lm_weights": np.pad(np.ones(k, np.float32), (0, preds - k)),
+        "next_sentence_labels": np.int32(rng.integers(0, 2))})
+  return out
+
+
+def _packed_rows(cfg: BertConfig, rows: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+  """`rows` packed rows of 1 to 3 sequences each (at most max_sequences_per_row), filling
+  60-100% of the row, each with 15% of its tokens masked (the reference's share)."""
+  shape = row_shape(cfg)
+  lengths, row = [], []
+  for r in range(rows):
+    count = int(rng.integers(1, min(3, shape.max_per_row) + 1))
+    extra = int(shape.length * rng.uniform(0.6, 1.0)) - 4 * count  # 4 tokens at least each
+    cuts = np.sort(rng.integers(0, extra + 1, count - 1))
+    lengths += (4 + np.diff(np.concatenate([[0], cuts, [extra]]))).tolist()
+    row += [r] * count
+  lengths_a, row_a = np.array(lengths), np.array(row)
+  slot = np.concatenate([np.arange(np.sum(row_a == r)) for r in range(rows)])
+  predictions = np.minimum(cfg.data.max_predictions_per_seq,
+                           np.maximum(1, np.round(0.15 * lengths_a))).astype(np.int64)
+  return packing.build(_examples(cfg, lengths_a, predictions, rng), row_a, slot, rows, shape)

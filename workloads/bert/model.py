@@ -9,8 +9,14 @@ masked positions. Attention and the MLP are the blocks shared with the other
 transformer workloads (`workloads.common.transformer`); their parameter names
 are what the shared partition rules match.
 
-Shape suffixes: B batch, L sequence, P masked positions, H hidden, N heads,
-D head size, F intermediate, V vocabulary.
+A batch is either one sequence a row, padded on the right (the reference's records), or
+packed rows (workloads/bert/packing.py), told apart by their `sequence_ids`: there
+attention stays within each sequence (its ids as segments), positions restart at each
+sequence (`position_ids`), and the next-sentence head reads every slot's [CLS]
+(`cls_positions`).
+
+Shape suffixes: B batch (rows), L sequence (row length), P masked positions, H hidden,
+S next-sentence slots of a row, V vocabulary.
 """
 
 from __future__ import annotations
@@ -46,23 +52,31 @@ class Layer(nn.Module):
   mesh: Any = None
 
   @nn.compact
-  def __call__(self, x_BLH: jax.Array, lengths_B: jax.Array, deterministic: bool) -> jax.Array:
+  def __call__(self, x_BLH: jax.Array, keys: jax.Array, deterministic: bool) -> jax.Array:
+    """`keys`: the real tokens of each row, as lengths [B] (padded rows) or sequence ids
+    [B, L] (packed rows; attention within a sequence)."""
     c = self.cfg
     norm = functools.partial(nn.LayerNorm, epsilon=c.layer_norm_epsilon, dtype=_dtype(c))
     drop = functools.partial(nn.Dropout(c.dropout), deterministic=deterministic)
     attended = blocks.Attention(c.num_heads, c.hidden_size // c.num_heads, dropout=c.dropout,
                                 dtype=_dtype(c), kernel_init=_init(c),
                                 implementation=c.attention, mesh=self.mesh, name="attention")(
-                                    x_BLH, masks={"kv_lengths_B": lengths_B},
-                                    deterministic=deterministic)
+                                    x_BLH, masks=_masks(keys), deterministic=deterministic)
     x_BLH = norm(name="attention_layer_norm")(x_BLH + drop(attended))
     out_BLH = blocks.Mlp(c.intermediate_size, activation=gelu, dtype=_dtype(c),
                          kernel_init=_init(c), name="mlp")(x_BLH)
     return norm(name="output_layer_norm")(x_BLH + drop(out_BLH))
 
 
+def _masks(keys: jax.Array) -> dict[str, jax.Array]:
+  if keys.ndim == 1:
+    return {"kv_lengths_B": keys}
+  return {"q_segments_BL": keys, "kv_segments_BS": keys}
+
+
 class Bert(nn.Module):
-  """`(masked-LM logits [B, P, V], next-sentence logits [B, 2])`, both float32. Scanned
+  """`(masked-LM logits [B, P, V], next-sentence logits [B, 2], or [B, S, 2] for packed
+  rows)`, both float32. Scanned
   layers (`scan_layers`) are the harness's layer stack: a `stage` mesh axis runs them as
   `microbatches` GPipe microbatches."""
 
@@ -77,28 +91,33 @@ class Bert(nn.Module):
     embed = functools.partial(nn.Embed, features=c.hidden_size, embedding_init=_init(c))
     word = embed(c.vocab_size, name="word_embeddings")
     ids_BL = batch["input_ids"]
+    packed = "sequence_ids" in batch
+    positions = batch["position_ids"] if packed else jnp.arange(ids_BL.shape[1])[None]
     x_BLH = (word(ids_BL)
-             + embed(c.max_position_embeddings, name="position_embeddings")(
-                 jnp.arange(ids_BL.shape[1])[None])
+             + embed(c.max_position_embeddings, name="position_embeddings")(positions)
              + embed(c.type_vocab_size, name="token_type_embeddings")(batch["segment_ids"]))
     x_BLH = nn.LayerNorm(epsilon=c.layer_norm_epsilon, name="embeddings_layer_norm")(x_BLH)
     x_BLH = nn.Dropout(c.dropout)(x_BLH, deterministic=deterministic).astype(_dtype(c))
     # The reference's records are padded on the right: input_mask is 1 for the first
-    # `length` tokens, so padding is a length (which the fused kernels skip).
-    lengths_B = batch["input_mask"].sum(-1).astype(jnp.int32)
+    # `length` tokens, so padding is a length (which the fused kernels skip). Packed rows
+    # give each token its sequence's id (0: padding), segments to every kernel.
+    keys = (batch["sequence_ids"] if packed
+            else batch["input_mask"].sum(-1).astype(jnp.int32))
     # Under remat each layer keeps only its input for the backward pass;
     # `deterministic` (argument 3, counting the module) stays a Python bool.
     if c.scan_layers:
       x_BLH = layers.stack(functools.partial(Layer, c, self.mesh), x_BLH, length=c.num_layers,
-                           per_example=(lengths_B,), kwargs={"deterministic": deterministic},
+                           per_example=(keys,), kwargs={"deterministic": deterministic},
                            mesh=self.mesh, microbatches=self.microbatches,
                            remat_policy=None if c.remat is Remat.NONE
                            else jax.checkpoint_policies.nothing_saveable)
     else:
       layer = Layer if c.remat is Remat.NONE else nn.remat(Layer, static_argnums=(3,))
       for i in range(c.num_layers):
-        x_BLH = layer(c, self.mesh, name=f"layer_{i}")(x_BLH, lengths_B, deterministic)
-    return self._masked_lm(x_BLH, batch["masked_lm_positions"], word), self._next_sentence(x_BLH)
+        x_BLH = layer(c, self.mesh, name=f"layer_{i}")(x_BLH, keys, deterministic)
+    cls = batch["cls_positions"] if packed else None
+    return (self._masked_lm(x_BLH, batch["masked_lm_positions"], word),
+            self._next_sentence(x_BLH, cls))
 
   def _masked_lm(self, x_BLH: jax.Array, positions_BP: jax.Array, word: nn.Embed) -> jax.Array:
     c = self.cfg
@@ -114,8 +133,12 @@ class Bert(nn.Module):
                             preferred_element_type=jnp.float32)
     return logits_BPV + bias_V
 
-  def _next_sentence(self, x_BLH: jax.Array) -> jax.Array:
+  def _next_sentence(self, x_BLH: jax.Array, cls_BS: jax.Array | None) -> jax.Array:
+    """The pooler (tanh dense) and classifier on each sequence's [CLS]: position 0 of a
+    padded row, `cls_BS` of a packed one."""
     c = self.cfg
-    pooled_BH = jnp.tanh(nn.Dense(c.hidden_size, kernel_init=_init(c), dtype=_dtype(c),
-                                  name="pooler")(x_BLH[:, 0]))
-    return nn.Dense(2, kernel_init=_init(c), name="next_sentence")(pooled_BH).astype(jnp.float32)
+    first = x_BLH[:, 0] if cls_BS is None else jnp.take_along_axis(
+        x_BLH, cls_BS[..., None], axis=1)
+    pooled = jnp.tanh(nn.Dense(c.hidden_size, kernel_init=_init(c), dtype=_dtype(c),
+                               name="pooler")(first))
+    return nn.Dense(2, kernel_init=_init(c), name="next_sentence")(pooled).astype(jnp.float32)

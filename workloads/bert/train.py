@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import flax
@@ -11,7 +12,7 @@ import numpy as np
 import optax
 
 from mlbench.train import optim
-from mlbench.workload import EvalPart, LayerStack, Schedule, StepContext, WithMetadata
+from mlbench.workload import EvalPart, LayerStack, Packing, Schedule, StepContext, WithMetadata
 from workloads.bert import checkpoint
 from workloads.bert.config import BertConfig
 from workloads.bert.input_pipeline import feature_shapes
@@ -28,9 +29,13 @@ def schedule(cfg: BertConfig) -> Schedule:
   logged train_samples is the samples trained to the target (the rules'
   `train_samples: converged`), so `train_examples` only sizes the schedule."""
   budget = cfg.optimizer.train_steps * cfg.global_batch_size
+  d = cfg.data
   return Schedule(global_batch_size=cfg.global_batch_size, eval_batch_size=cfg.eval_batch_size,
-                  train_examples=cfg.data.train_examples or budget,
-                  eval_examples=cfg.data.eval_examples, max_train_samples=budget)
+                  train_examples=d.train_examples or budget,
+                  eval_examples=d.eval_examples, max_train_samples=budget,
+                  **({"packing": Packing(d.packing_factor, d.max_sequences_per_row),
+                      "train_rows": math.ceil(cfg.global_batch_size / d.packing_factor)}
+                     if d.packed else {}))
 
 
 def init(cfg: BertConfig, rng: jax.Array) -> tuple[Any, Any]:
@@ -66,13 +71,19 @@ def _masked_lm(logits_BPV: jax.Array, batch: Any) -> tuple[jax.Array, jax.Array,
 
 def loss(cfg: BertConfig, ctx: StepContext, params: Any, state: Any, batch: Any,
          rng: jax.Array) -> tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]:
-  """Masked-LM loss (mean over real predictions) plus next-sentence cross-entropy."""
-  mlm_BPV, nsp_B2 = Bert(cfg.model, ctx.mesh, ctx.microbatches).apply(
+  """Masked-LM loss (mean over the batch's masked tokens) plus next-sentence cross-entropy
+  (mean over its sequences): the same numbers for packed rows as for those sequences
+  padded one a row."""
+  mlm_BPV, nsp = Bert(cfg.model, ctx.mesh, ctx.microbatches).apply(
       {"params": params}, batch, deterministic=False, rngs={"dropout": rng})
   nll, hits, weights = _masked_lm(mlm_BPV, batch)
   mlm_loss = nll.sum() / (weights.sum() + 1e-5)
-  nsp_loss = optax.softmax_cross_entropy_with_integer_labels(
-      nsp_B2, batch["next_sentence_labels"]).mean()
+  nsp_ce = optax.softmax_cross_entropy_with_integer_labels(nsp, batch["next_sentence_labels"])
+  if "next_sentence_weights" in batch:  # packed rows: a weight per slot, 0 for an empty one
+    w = batch["next_sentence_weights"]
+    nsp_loss = (nsp_ce * w).sum() / w.sum()
+  else:
+    nsp_loss = nsp_ce.mean()
   return mlm_loss + nsp_loss, (state, {"mlm_accuracy": hits.sum() / (weights.sum() + 1e-5),
                                        "nsp_loss": nsp_loss})
 
@@ -155,13 +166,22 @@ def layer_stack(cfg: BertConfig) -> LayerStack | None:
 
 
 def flops_per_example(cfg: BertConfig) -> float:
-  """Model FLOPs of one training example: 3x (forward + backward) the forward matmuls
-  of every layer's attention and MLP, of the masked-LM head on the P masked
-  positions, 2*P*H*(H + V), and of the pooler and next-sentence head, 2*H*(H + 2)."""
+  """Model FLOPs of one training sequence: 3x (forward + backward) the forward matmuls
+  of every layer's attention and MLP over a row, of the masked-LM head on a row's
+  P masked positions, 2*P*H*(H + V), and of the pooler and next-sentence head on its
+  S sequences, 2*S*H*(H + 2); padded, a row is one sequence (P = max_predictions_per_seq,
+  S = 1); packed, a row holds packing_factor sequences (P and S the row's capacities),
+  so the FLOPs the devices spend on a sequence are the row's over the factor."""
+  from workloads.bert.input_pipeline import row_shape
+
   m, d = cfg.model, cfg.data
   seq, hidden = d.max_seq_length, m.hidden_size
+  predictions, slots, per_row = d.max_predictions_per_seq, 1, 1.0
+  if d.packed:
+    shape = row_shape(cfg)
+    predictions, slots, per_row = shape.predictions, shape.max_per_row, d.packing_factor
   layer = (blocks.attention_flops(seq, seq, hidden)
            + blocks.mlp_flops(seq, hidden, m.intermediate_size))
-  head = (2 * d.max_predictions_per_seq * hidden * (hidden + m.vocab_size)
-          + 2 * hidden * (hidden + 2))
-  return 3.0 * (m.num_layers * layer + head)
+  head = (2 * predictions * hidden * (hidden + m.vocab_size)
+          + 2 * slots * hidden * (hidden + 2))
+  return 3.0 * (m.num_layers * layer + head) / per_row
