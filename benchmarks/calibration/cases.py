@@ -205,6 +205,8 @@ def inputs(case: Case, m: Measured, records: dict[str, dict[str, Any]]) -> timem
   workload = WORKLOAD[case.benchmark]
   wl = registry.get(workload)
   cfg = wl.configs["full"]()
+  if impl.kind not in ("packed", "unpadded"):
+    cfg = programs.padded_cfg(cfg)  # the model FLOPs (MFU) of a run that padded
   data_devices = devices // case.model
   per_device = m.global_batch / data_devices
   # With m-way model parallelism a device does 1/m of a data shard's work (compiled
@@ -213,8 +215,8 @@ def inputs(case: Case, m: Measured, records: dict[str, dict[str, Any]]) -> timem
   train = ran.cost
   n_eval, eval_b = timemodel.eval_split(m.eval_examples, data_devices,
                                         max(1, math.ceil(per_device)))
-  evaluation = programs.split(costtable.device_cost(programs.unpacked(records), workload,
-                                                    eval_b, 1, "eval"), case.model)
+  evaluation = programs.split(costtable.device_cost(records, workload, eval_b, 1, "eval"),
+                              case.model)
   whole = estimate.torus_of(acc, case.grid, case.slices)
   torus = estimate.data_torus(whole, case.model)
   grad_bytes = GRAD_BYTES_PER_PARAM * train["params"]

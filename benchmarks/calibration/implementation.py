@@ -31,7 +31,7 @@ from typing import Any
 from . import implementations_spec
 
 EXCERPTS = Path(__file__).with_name("implementations.json")
-LENGTHS = Path(__file__).with_name("wikipedia_lengths.json")
+LENGTHS = Path(__file__).parents[1] / "bert_wikipedia_lengths.json"
 _FLAG = re.compile(r"--([a-z_0-9]+)(?:=([\w.\-/*]+))?")
 _EXPORT = re.compile(r"^(?:export )?([A-Z_0-9]+)=(\S+)")
 _NUMBER = re.compile(r"^\d+$")
@@ -155,7 +155,7 @@ def _layout(flags: dict[str, list[str]], code: str) -> dict[str, Any]:
 
 def lengths() -> list[int]:
   """Sequences of each length (index + 1 tokens) in MLPerf BERT's Wikipedia training data
-  (`wikipedia_lengths.json` says where the counts come from)."""
+  (benchmarks/bert_wikipedia_lengths.json says where the counts come from)."""
   return json.loads(LENGTHS.read_text())["counts"]
 
 

@@ -73,15 +73,16 @@ def train(records: dict[str, dict[str, Any]], workload: str, impl: Implementatio
   devices)."""
   if workload == "bert" and impl.kind in ("packed", "unpadded"):
     return _packed(records, impl, wl, cfg)
-  padded = unpacked(records)
   if workload == "bert" and impl.kind == "bucketed":
-    return _bucketed(padded, impl, wl, cfg)
-  return Train(split(costtable.device_cost(padded, workload, per_device, 1, "train"), model))
+    return _bucketed(records, impl, wl, cfg)
+  return Train(split(costtable.device_cost(records, workload, per_device, 1, "train"), model))
 
 
-def unpacked(records: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-  """The compiles of programs that pad (or need no padding): all but those marked packed."""
-  return {k: r for k, r in records.items() if not r.get("packed")}
+def padded_cfg(cfg: Any) -> Any:
+  """A BERT config as the padded runs ran: one sequence a row (the full config packs)."""
+  if not hasattr(cfg.data, "max_sequences_per_row"):
+    return cfg
+  return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_sequences_per_row=1))
 
 
 def _bucketed(records: dict[str, dict[str, Any]], impl: Implementation, wl: Any, cfg: Any
@@ -92,7 +93,7 @@ def _bucketed(records: dict[str, dict[str, Any]], impl: Implementation, wl: Any,
                                  None if seq == full else seq) for seq, batch in impl.buckets]
   mean = {k: sum(step * c[k] for (_, step), c in zip(shares, costs)) for k in costs[0]}
   mix = tuple((step, StepCost(c["flops"], c["bytes"])) for (_, step), c in zip(shares, costs))
-  flops = sum(step * batch * float(wl.flops_per_example(_length_cfg(cfg, seq)))
+  flops = sum(step * batch * float(wl.flops_per_example(_length_cfg(padded_cfg(cfg), seq)))
               for (_, step), (seq, batch) in zip(shares, impl.buckets))
   return Train(mean, mix, model_flops_per_replica=flops)
 
@@ -108,9 +109,10 @@ def rows_per_device(impl: Implementation) -> float:
 def _packed(records: dict[str, dict[str, Any]], impl: Implementation, wl: Any, cfg: Any
             ) -> Train:
   rows = rows_per_device(impl)
-  packed = {k: r for k, r in records.items() if r["workload"] == "bert" and r.get("packed")}
-  # The seam for issue 47's packed program: its compiles, marked `packed`, cost the rows.
-  table = packed or unpacked(records)
-  cost = costtable.device_cost(table, "bert", rows, 1, "train")
-  return Train(cost, model_flops_per_replica=rows * float(wl.flops_per_example(cfg)),
+  packed = any(r["workload"] == "bert" and r.get("packed") for r in records.values())
+  # Issue 47's packed program, compiled at a packing factor of 2 (costs.py), costs the rows;
+  # where the table has none, a padded sequence stands in for a row.
+  cost = costtable.device_cost(records, "bert", rows, 1, "train", packed=packed)
+  sequences = (impl.per_replica or 0) * (impl.sequences_per_row or 1.0)
+  return Train(cost, model_flops_per_replica=sequences * float(wl.flops_per_example(cfg)),
                stand_in="" if packed else PACKED_STAND_IN)

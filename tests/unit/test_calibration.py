@@ -123,9 +123,14 @@ def test_only_the_compiles_asked_for_are_made():
   keys = [v.key for v in costs.VARIANTS if costs.wanted(v, {"ssd@b32/m1", "bert"}, have, True)]
   assert keys[:3] == ["ssd@b32/m1", "bert@b2/m1/L4", "bert@b16/m1/L2"]
   # and the length buckets' programs, at two depths each: 64 tokens masks 62 positions
-  assert keys[3:5] == ["bert@b14/m1/L2/s64", "bert@b14/m1/L4/s64"] and len(keys) == 13
+  assert keys[3:5] == ["bert@b14/m1/L2/s64", "bert@b14/m1/L4/s64"] and len(keys) == 16
   short = next(v for v in costs.VARIANTS if v.seq == 64)
   assert "data.max_predictions_per_seq=62" in costs._args(short)
+  # the full config packs (issue 47): the padded programs say so, the packed ones count rows
+  assert "data.max_sequences_per_row=1" in costs._args(short)
+  packed = next(v for v in costs.VARIANTS if v.packed and v.batch == 16)
+  assert packed.key == "bert@b16/m1/L2/packed"
+  assert "global_batch_size=128" in costs._args(packed)  # 16 rows of 2 on 4 devices
   assert len([v for v in costs.VARIANTS if costs.wanted(v, set(), have, False)]) == len(
       costs.VARIANTS)
 
