@@ -98,7 +98,8 @@ def main() -> None:
   _summary("held out (v0.6, :::MLL logs)",
            _table("Held out: v0.6 TPU-v3 runs (never fitted)", cal.held_out, c, None))
   g = cal.gpu_constants
-  title = (f"H100 runs (v4.0): eta = {g.eta_for('h100'):.3g} fitted on them (leave-one-out "
+  etas = ", ".join(f"{k} {v:.3g}" for k, v in g.eta_by if k.startswith("h100"))
+  title = (f"H100 runs (v4.0): eta fitted on them per workload ({etas}; leave-one-out "
            "column: fitted on the others), the other constants the TPU fit's")
   _summary("H100 (v4.0)", _table(title, cal.gpu, g, cal.gpu_loo))
   _summary("H100 (v4.0), leave-one-out", cal.gpu_loo)

@@ -89,8 +89,9 @@ class Constants:
   kappa: float = 1.0      # fraction of collective time not overlapped with compute
   step_overhead_s: float = 0.0  # host overhead per step
   fixed_bytes_per_param: float = 0.0  # batch-independent HBM bytes per f32 parameter byte
-  # The efficiency of accelerators fitted on their own (the H100 on GPU runs); `eta`
-  # stands for the others.
+  # The efficiency of accelerators fitted on their own (the H100 on GPU runs), by
+  # accelerator ("h100") or by accelerator and workload ("h100/bert"); `eta` stands for
+  # the others.
   eta_by: tuple[tuple[str, float], ...] = ()
   # The warm-up of each workload as the published logs show it (measured, not fitted:
   # benchmarks/calibration's `RunLog.warmup_s`); `warmup_s` stands for the others.
@@ -113,8 +114,9 @@ class Constants:
   def fitted(self) -> list[float]:
     return [getattr(self, k) for k in self.FITTED]
 
-  def eta_for(self, accelerator: str) -> float:
-    return dict(self.eta_by).get(accelerator, self.eta)
+  def eta_for(self, accelerator: str, workload: str = "") -> float:
+    by = dict(self.eta_by)
+    return by.get(f"{accelerator}/{workload}", by.get(accelerator, self.eta))
 
   def warmup_for(self, workload: str) -> float:
     return dict(self.warmup_by).get(workload, self.warmup_s)
@@ -200,7 +202,7 @@ class Terms:
 
 def predict(x: Inputs, c: Constants) -> Terms:
   """Every term of the time to train of one run under constants `c`."""
-  eta = c.eta_for(x.accelerator)
+  eta = c.eta_for(x.accelerator, x.workload)
   fixed = c.fixed_flops / x.peak_flops_per_s
   fixed_bytes = c.fixed_bytes_per_param * x.param_bytes_per_device
   programs = x.train_mix or ((1.0, x.train),)

@@ -78,9 +78,15 @@ def test_the_fit_recovers_known_constants_and_leave_one_out_predicts_each_run(tp
   assert got.fixed_flops == pytest.approx(3e11, rel=0.2)
   assert got.kappa == pytest.approx(0.7, abs=0.1)
   assert got.warmup_by == by
+  # The GPU efficiency, per workload: two runs of each, each predicted by the other's.
+  pairs = [
+      r for wl in ("resnet50", "bert") for r in [x for x in fake if x.inputs.workload == wl][:2]]
   gpu_like = [dataclasses.replace(r, inputs=dataclasses.replace(r.inputs, accelerator="h100"))
-              for r in fake[:4]]
+              for r in pairs]
   assert fit.spread(fit.leave_one_out(gpu_like, got, only_eta=True))["worst"] < 1.02
+  per = fit.fit(gpu_like, start=dataclasses.replace(got, eta=0.3), only_eta=True)
+  assert dict(per.eta_by)["h100/bert"] == pytest.approx(0.45, rel=0.01)
+  assert per.eta_for("h100", "resnet50") == pytest.approx(0.45, rel=0.01)
   monkeypatch.setattr(fit, "FITTED", ("eta", "hbm", "fixed_flops"))
   held = dataclasses.replace(true, eval_overhead_s=0.0, kappa=1.0, fixed_bytes_per_param=42.9)
   fake = [dataclasses.replace(r, measured=dataclasses.replace(

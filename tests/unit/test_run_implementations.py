@@ -139,3 +139,22 @@ def test_v07_tpu_v4_runs_ran_a_replica_a_tensorcore():
   megacore = programs.as_run(acc, implementation.of("v0.7/Google/results/tpu-v4-128-TF/resnet"),
                              64)
   assert megacore.devices_per_chip == 1  # --num_replicas=64 on 64 chips
+
+
+def test_packed_and_unpadded_runs_are_costed_by_the_packed_program():
+  """Dell's 48 packed rows a GPU, and NVIDIA's 72 unpadded sequences as the rows they fill
+  at the data's mean length (72 x 255.8 / 512 = 36): the packed BERT program's compiles at
+  those rows (a row of two sequences costs a little more than one padded sequence)."""
+  records = costtable.load()
+  wl = registry.get("bert")
+  cfg = wl.configs["full"]()
+  dell = implementation.of("v4.0/Dell/results/XE9680x8H100-SXM-80GB/bert")
+  nvidia = implementation.of("v4.0/NVIDIA/results/eos_n8_ngc23.04_pytorch/bert")
+  assert programs.rows_per_device(dell) == 48
+  assert programs.rows_per_device(nvidia) == pytest.approx(72 * 255.83 / 512, rel=1e-3)
+  got = programs.train(records, "bert", dell, 96, 1, wl, cfg)
+  if got.stand_in:
+    pytest.skip("the packed program is not in the cost table")
+  packed = costtable.device_cost(records, "bert", 48, 1, "train", packed=True)
+  padded = costtable.device_cost(records, "bert", 48, 1, "train")
+  assert got.cost == packed and 1.0 < packed["flops"] / padded["flops"] < 1.05
