@@ -11,7 +11,8 @@ runs' typical factor and worst under the constants fitted on all runs.
 - which constants the fit finds, and which it holds (the batch-independent bytes at the
   compiles' measure, no per-evaluation overhead, no overlap of the all-reduce);
 - the step of a length-bucketed run: the expected slowest of its replicas' programs
-  (they wait for each other at the gradient all-reduce) or their weighted mean.
+  (they wait for each other at the gradient all-reduce) or their weighted mean;
+- the H100 runs' efficiency: one for every workload, or one per workload.
 
     python benchmarks/model_choices.py [--results DIR] [--held-out DIR]
 """
@@ -54,6 +55,23 @@ def _mean_buckets(rows: list[fit.Row]) -> list[fit.Row]:
           if r.inputs.train_mix else r for r in rows]
 
 
+def _gpu_choice(results: Path) -> None:
+  """The H100 runs' efficiency: one for every workload, or one per workload."""
+  cal = fit.calibrate(results)
+  chosen = fit.ETA_BY_WORKLOAD
+  for per_workload in (False, True):
+    fit.ETA_BY_WORKLOAD = per_workload
+    c = fit.fit(cal.gpu, start=dataclasses.replace(cal.gpu_constants, eta_by=()),
+                only_eta=True)
+    loo = fit.leave_one_out(cal.gpu, c, only_eta=True)
+    s = fit.spread(loo)
+    inside = sum(1 for x in loo if 1 / 1.25 <= x <= 1.25)
+    name = "one per workload" if per_workload else "one for all workloads"
+    print(f"| H100 efficiency: {name} | {inside} of {len(loo)} | {s['factor_1sigma']:.3f} | "
+          f"{s['worst']:.2f} | - | - |", flush=True)
+  fit.ETA_BY_WORKLOAD = chosen
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--results", type=Path, default=cases.default_results())
@@ -75,6 +93,7 @@ def main() -> None:
   if any(r.inputs.train_mix for r in rows):
     _judge("bucketed step: the slowest replica's (expected)", rows, held_rows)
     _judge("bucketed step: the weighted mean of the buckets", _mean_buckets(rows), held_rows)
+  _gpu_choice(args.results)
   print(f"\nthe module's choice: ROOFLINE_P = {chosen:g} (p = 64 stands for a hard max), "
         f"fitted: {', '.join(fitted)}; the bucketed rows under it")
 
