@@ -275,15 +275,22 @@ def calibrate(results: Path, held_out: Path | None = None) -> Calibration:
   gpu, left_g = rows(cases.GPU_CASES, results)
   c = fit(tpu, base_constants())
   fitted = [r for r in gpu if not r.not_fitted]
-  # The GPU runs' own warm-ups, as their logs show them.
-  mine = dict(c.warmup_by) | dict(warmups(fitted)[1])
-  c_gpu = dataclasses.replace(c, warmup_by=tuple(sorted(mine.items())))
-  g = _gpu(fit(fitted, start=c_gpu, only_eta=True)) if fitted else c
+  g = fit_gpu(fitted, c)
   return Calibration(tpu=tpu, tpu_constants=c, tpu_loo=leave_one_out(tpu, c), held_out=held,
                      gpu=fitted, gpu_constants=g,
                      gpu_loo=leave_one_out(fitted, g, only_eta=True) if fitted else [],
                      left_out=left + left_h + left_g,
                      not_fitted=[r for r in gpu if r.not_fitted])
+
+
+def fit_gpu(rs: list[Row], tpu: Constants) -> Constants:
+  """The GPU constants: the TPU fit's, with the GPU runs' own warm-ups (as their logs show
+  them) and their efficiencies fitted on them (`_gpu`)."""
+  if not rs:
+    return tpu
+  mine = dict(tpu.warmup_by) | dict(warmups(rs)[1])
+  start = dataclasses.replace(tpu, warmup_by=tuple(sorted(mine.items())))
+  return _gpu(fit(rs, start=start, only_eta=True))
 
 
 def _gpu(c: Constants) -> Constants:

@@ -122,6 +122,13 @@ def test_the_stored_tpu_constants_are_the_fit_of_the_calibration_set(tpu_rows):
   u = uncertainty.of("tpu")
   assert u.never_fitted is not None and u.loo is not None
   assert u.wider.factor == max(u.loo.factor, u.never_fitted.factor)
+  # The GPU efficiencies (per workload), fitted on the H100 runs each costed by what it ran.
+  gpu, _ = fit.rows(cases.GPU_CASES, cases.default_results())
+  assert not [r.case.name for r in gpu if r.not_fitted]  # BERT by the packed program
+  stored_gpu, prov_gpu = estimate.constants("gpu")
+  got_gpu = fit.fit_gpu(gpu, got)
+  assert dict(stored_gpu.eta_by) == pytest.approx(dict(got_gpu.eta_by), rel=0.01)
+  assert prov_gpu["calibrated"] == fit.calibrated(gpu)
 
 
 def test_only_the_compiles_asked_for_are_made():

@@ -5,6 +5,7 @@ by the programs it ran (programs.py): a bucketed run as its buckets' programs.""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -87,7 +88,7 @@ def test_a_bucketed_runs_cost_is_the_weighted_sum_of_its_buckets_costs():
     pytest.skip("the bucket programs are not in the cost table")
   counts = np.asarray(implementation.lengths())
   bounds = [0] + [n for n, _ in b.buckets]
-  seqs = np.array([counts[lo:hi].sum() for lo, hi in zip(bounds, bounds[1:])], float)
+  seqs = np.array([counts[lo:hi].sum() for lo, hi in itertools.pairwise(bounds)], float)
   steps = seqs / np.array([batch for _, batch in b.buckets])
   steps /= steps.sum()
   each = [costtable.device_cost(records, "bert", batch, 1, "train", None if n == 512 else n)
