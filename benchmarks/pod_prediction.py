@@ -86,8 +86,8 @@ def main() -> None:
   for why in cal.left_out:
     print(f"left out: {why}")
   c = cal.tpu_constants
-  print("fitted TPU constants: " + _constants(c, timemodel.Constants.FITTED) + "; set: "
-        + _constants(c, timemodel.Constants.NAMES[len(timemodel.Constants.FITTED):]))
+  print("fitted TPU constants: " + _constants(c, fit.FITTED) + "; set: "
+        + _constants(c, tuple(k for k in timemodel.Constants.NAMES if k not in fit.FITTED)))
   s = fit.spread(cal.tpu_loo)
   print(f"uncertainty (what check states): x/÷ {s['factor_1sigma']} typical, "
         f"{s['worst']}x worst, leave-one-out over {s['runs']} runs")
@@ -98,12 +98,13 @@ def main() -> None:
   _summary("held out (v0.6, :::MLL logs)",
            _table("Held out: v0.6 TPU-v3 runs (never fitted)", cal.held_out, c, None))
   g = cal.gpu_constants
-  title = (f"H100 runs (v4.0): eta = {g.eta_for('h100'):.3g} fitted on them (leave-one-out "
+  etas = ", ".join(f"{k} {v:.3g}" for k, v in g.eta_by if k.startswith("h100"))
+  title = (f"H100 runs (v4.0): eta fitted on them per workload ({etas}; leave-one-out "
            "column: fitted on the others), the other constants the TPU fit's")
   _summary("H100 (v4.0)", _table(title, cal.gpu, g, cal.gpu_loo))
   _summary("H100 (v4.0), leave-one-out", cal.gpu_loo)
   if cal.not_fitted:
-    why = "; ".join(sorted({r.case.not_fitted for r in cal.not_fitted}))
+    why = "; ".join(sorted({r.not_fitted for r in cal.not_fitted}))
     _summary("H100, not fitted", _table(f"H100 runs predicted, not fitted on ({why})",
                                         cal.not_fitted, g, None))
 

@@ -30,7 +30,7 @@ from mlbench import accelerators
 from mlbench.pod import collectives, costtable, estimate, timemodel
 from mlbench.pod.timemodel import StepCost
 
-from . import runlog
+from . import implementation, programs, runlog
 
 # Logs that do not name their training set size.
 TRAIN_EXAMPLES = {"resnet": 1_281_167, "ssd": 117_266, "transformer": 566_340}
@@ -87,19 +87,17 @@ CASES = (
                           (1024, (16, 32)), (2048, (32, 32)))
       for bench in ("resnet", "ssd", "transformer")),
 )
-# NVIDIA's BERT (and Dell's, the same code) trains on unpadded sequences: about half the
-# FLOPs of the padded 512-token step mlbench compiles (v4.0 runs reach 80 % "MFU" by the
-# padded count), so they are predicted, not fitted on.
-UNPADDED = "unpadded sequences: about half the FLOPs of mlbench's padded step"
 # NVIDIA's and Dell's ResNet-50 decode JPEGs on the GPUs (DALI with nvJPEG): the host
-# CPU decode rate does not bound them, so their input check is off.
+# CPU decode rate does not bound them, so their input check is off. Their BERT runs unpad
+# (NVIDIA) or pack (Dell) their sequences (implementations.json): costed by the packed
+# program where the cost table has it (`programs.py`), not fitted on while a stand-in costs
+# them.
 GPU_CASES = (
     Case("v4.0/NVIDIA/results/eos_n8_ngc24.04_mxnet/resnet", "h100", (8,), slices=8,
          host_decode=False),
-    Case("v4.0/NVIDIA/results/eos_n8_ngc23.04_pytorch/bert", "h100", (8,), slices=8,
-         not_fitted=UNPADDED),
+    Case("v4.0/NVIDIA/results/eos_n8_ngc23.04_pytorch/bert", "h100", (8,), slices=8),
     Case("v4.0/Dell/results/XE9680x8H100-SXM-80GB/resnet", "h100", (8,), host_decode=False),
-    Case("v4.0/Dell/results/XE9680x8H100-SXM-80GB/bert", "h100", (8,), not_fitted=UNPADDED),
+    Case("v4.0/Dell/results/XE9680x8H100-SXM-80GB/bert", "h100", (8,)),
 )
 # Not in either set: v0.7 TPU-v3-1024 GNMT (no GNMT workload in mlbench); the v4.0 GPU
 # "ssd" logs (that round's ssd is RetinaNet, not mlbench's SSD-ResNet34).
@@ -133,11 +131,6 @@ def fixed_bytes_per_param(records: dict[str, dict[str, Any]]) -> float:
       continue  # one compiled batch: no line to read the intercept from
     ratios.append(cost["bytes"] / (4.0 * cost["params"]))
   return statistics.median(ratios) if ratios else 0.0
-
-
-def _split(cost: dict[str, float], model: int) -> dict[str, float]:
-  """A device's share of FLOPs, bytes and parameters with `model`-way model parallelism."""
-  return {k: v / model for k, v in cost.items()}
 
 
 def _megatron_all_reduces(cfg: Any, examples: float) -> tuple[int, float]:
@@ -191,29 +184,43 @@ def measured(case: Case, results: Path, held_out: Path | None = None) -> Measure
                   warmup_s=statistics.median(warm) if len(warm) * 2 > len(logs) else None)
 
 
-def inputs(case: Case, m: Measured, records: dict[str, dict[str, Any]]) -> timemodel.Inputs:
-  """The time model's inputs for one case."""
+def stand_in(case: Case, records: dict[str, dict[str, Any]]) -> str:
+  """Why the case is not costed by its own program ("" where it is)."""
   from mlbench import registry
 
-  acc = accelerators.table()[case.accelerator]
+  wl = registry.get(WORKLOAD[case.benchmark])
+  impl = implementation.of(case.folder)
+  return programs.train(records, WORKLOAD[case.benchmark], impl, 1.0, case.model, wl,
+                        wl.configs["full"]()).stand_in
+
+
+def inputs(case: Case, m: Measured, records: dict[str, dict[str, Any]]) -> timemodel.Inputs:
+  """The time model's inputs for one case, costed by the program it ran (`programs`)."""
+  from mlbench import registry
+
+  impl = implementation.of(case.folder)
   chips = math.prod(case.grid) * case.slices
+  acc = programs.as_run(accelerators.table()[case.accelerator], impl, chips)
   devices = chips * acc.devices_per_chip
   workload = WORKLOAD[case.benchmark]
+  wl = registry.get(workload)
+  cfg = wl.configs["full"]()
+  if impl.kind not in ("packed", "unpadded"):
+    cfg = programs.padded_cfg(cfg)  # the model FLOPs (MFU) of a run that padded
   data_devices = devices // case.model
   per_device = m.global_batch / data_devices
   # With m-way model parallelism a device does 1/m of a data shard's work (compiled
   # data-parallel figures at the shard's batch, split m ways).
-  train = _split(costtable.device_cost(records, workload, per_device, 1, "train"), case.model)
+  ran = programs.train(records, workload, impl, per_device, case.model, wl, cfg)
+  train = ran.cost
   n_eval, eval_b = timemodel.eval_split(m.eval_examples, data_devices,
                                         max(1, math.ceil(per_device)))
-  evaluation = _split(costtable.device_cost(records, workload, eval_b, 1, "eval"),
-                      case.model)
+  evaluation = programs.split(costtable.device_cost(records, workload, eval_b, 1, "eval"),
+                              case.model)
   whole = estimate.torus_of(acc, case.grid, case.slices)
   torus = estimate.data_torus(whole, case.model)
   grad_bytes = GRAD_BYTES_PER_PARAM * train["params"]
   coll = collectives.all_reduce_s(grad_bytes, torus, estimate.link(acc))
-  wl = registry.get(workload)
-  cfg = wl.configs["full"]()
   if case.model > 1:  # the model axis: a line of `model` chips along the first dimension
     ops, nbytes = _megatron_all_reduces(cfg, per_device)
     coll += collectives.group_s("all-reduce", nbytes, case.model, estimate.link(acc), ops=ops)
@@ -223,7 +230,10 @@ def inputs(case: Case, m: Measured, records: dict[str, dict[str, Any]]) -> timem
       train=StepCost(train["flops"], train["bytes"]), collective_s=coll, steps=m.steps,
       evals=m.evals, eval_batch_cost=StepCost(evaluation["flops"], evaluation["bytes"]),
       eval_batches=n_eval,
-      model_flops_per_step=float(wl.flops_per_example(cfg)) * m.global_batch,
+      model_flops_per_step=(float(wl.flops_per_example(cfg)) * m.global_batch
+                            if ran.model_flops_per_replica is None
+                            else ran.model_flops_per_replica * data_devices),
+      train_mix=ran.mix, replicas=data_devices,
       input_cpu_s_per_example=timemodel.INPUT_CPU_S.get(workload, 0.0) * case.host_decode,
       host_cores_per_device=acc.host_cores_per_chip / acc.devices_per_chip,
       accelerator=acc.name, param_bytes_per_device=4.0 * train["params"], workload=workload,

@@ -223,11 +223,15 @@ def _print_prediction(p, console) -> None:
       "model FLOPs)", highlight=False)
   if p.time_to_train_s is None:
     return
-  loo = c.get("leave_one_out") or {}
-  spread = (f" (x/÷ {loo['factor_1sigma']:.2f} typical, {loo['worst']:.2f} worst: leave-one-out "
-            f"over {loo['runs']} published runs)" if loo else f" ({c.get('fitted_on', '')})")
+  u = c.get("uncertainty") or {}
+  band = f" (x/÷ {u['band_factor']:.2f})" if u else f" ({c.get('fitted_on', '')})"
   console.print(
-      f"[bold]time to train {p.time_to_train_s / 60:,.2f} min[/]{spread} = warm-up "
+      f"[bold]time to train {p.time_to_train_s / 60:,.2f} min[/]{band} = warm-up "
       f"{t.warmup_s:,.1f} s + {t.steps:,.0f} steps x {_ms(t.step_s)} ({t.train_s:,.1f} s) + "
       f"{t.evals:,.0f} evaluations x {t.eval_each_s:,.2f} s ({t.eval_s:,.1f} s); steps from "
       f"{p.convergence_source}", highlight=False)
+  if u:
+    console.print(f"how sure: {u['summary']}; the band is the wider", highlight=False)
+  if u.get("extrapolated"):
+    console.print(f"[yellow]extrapolated[/]: {'; '.join(u['extrapolated'])}; band widened to "
+                  f"x/÷ {u['band_factor']:.2f} ({u['rule']})", highlight=False)

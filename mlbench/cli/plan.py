@@ -73,7 +73,7 @@ def plan_cmd(workload: str, config_name: str, overrides: tuple[str, ...], slices
   --runs runs, chip-hours, and whether it fits in HBM (with the fix when not).
   """
   from mlbench import config as config_lib, registry, rules
-  from mlbench.pod import check, plan as plan_lib, plancost, rcp
+  from mlbench.pod import check, plan as plan_lib, plancost, rcp, uncertainty
 
   if plot_file is not None and (plot_file.exists() or not plot_file.parent.is_dir()):
     raise UserError(f"--plot {plot_file}: " + ("exists; choose another name (mlbench never "
@@ -94,7 +94,7 @@ def plan_cmd(workload: str, config_name: str, overrides: tuple[str, ...], slices
       points_of=plancost.points_fn(workload, config_name, tuple(overrides), rule, table),
       workload=workload, eval_examples=wl.schedule(cfg).eval_examples,
       runs=runs or rule.runs, objective=plan_lib.Objective(objective),
-      remat_hint=check.remat_hint(cfg))
+      remat_hint=check.remat_hint(cfg), spread=uncertainty.describe)
   title = f"{workload} --config {name}, {table.source} RCPs, score of {result.runs} runs"
   # The table is the command's output (`mlbench plan ... > plan.txt`); with --json the
   # JSON is, and the table joins the notes on stderr.
@@ -147,8 +147,8 @@ def _print(result: Any, table: Any, compiler: Any, console: Any, title: str, *,
   t = Table(title=title, title_justify="left")
   for col in ("rank", "slice", "chips", "batch", "per device", "HBM peak", "step ms", "steps",
               "evals", f"median {unit}", f"10-90% {unit}", f"score ({result.runs} runs) {unit}",
-              "chip-h", "RCP"):
-    t.add_column(col, justify="left" if col in ("slice", "RCP") else "right")
+              "chip-h", "RCP", "model x/÷"):
+    t.add_column(col, justify="left" if col in ("slice", "RCP", "model x/÷") else "right")
   for c in result.candidates:
     rank = "-" if c.rank is None else f"{c.rank}{' *' if c.pareto else ''}"
     hbm = (f"{c.costs.peak_bytes / 2**30:,.1f} GiB" if c.fits else "[red]does not fit[/]")
@@ -162,7 +162,7 @@ def _print(result: Any, table: Any, compiler: Any, console: Any, title: str, *,
               "-" if look is None else f"{_min(look.p10_s)}-{_min(look.p90_s)}",
               "-" if look is None else _min(look.score_s),
               "-" if c.chip_hours is None else f"{c.chip_hours:,.1f}",
-              c.convergence.how.removeprefix("RCP ").lower())
+              c.convergence.how.removeprefix("RCP ").lower(), _sure(c))
   out.print(t)
   out.print(f"rank by {result.objective.value} (the expected MLPerf score of "
             f"{result.runs} runs, RCP normalisation included); * on the Pareto front of "
@@ -170,9 +170,19 @@ def _print(result: Any, table: Any, compiler: Any, console: Any, title: str, *,
   for c in result.candidates:
     if not c.fits:
       console.print(f"{c.target.name} at batch {c.batch:,}: {c.fix}", highlight=False)
+  for why in sorted({(c.target.name, "; ".join(c.extrapolated)) for c in result.candidates
+                     if c.extrapolated}):
+    out.print(f"[yellow]extrapolated[/] {why[0]}: {why[1]}", highlight=False)
   for line in result.skipped:
     console.print(f"left out: {line}", highlight=False)
   _print_sources(result, table, compiler, console)
+
+
+def _sure(c: Any) -> str:
+  """The time model's band factor for a candidate, and whether it extrapolates."""
+  if c.spread is None:
+    return "-"
+  return f"{c.spread['band_factor']:.2f}" + (" extrapolated" if c.extrapolated else "")
 
 
 def _print_sources(result: Any, table: Any, compiler: Any, console: Any) -> None:
@@ -202,12 +212,15 @@ def _print_sources(result: Any, table: Any, compiler: Any, console: Any) -> None
 def _print_constants(result: Any, console: Any) -> None:
   from mlbench.pod import estimate
 
+  from mlbench.pod import uncertainty
+
   for platform in sorted({c.target.accelerator.platform for c in result.candidates}):
     _, prov = estimate.constants(platform)
-    loo = prov.get("leave_one_out") or {}
-    spread = (f"; leave-one-out x/÷ {loo['factor_1sigma']} typical, {loo['worst']}x worst"
-              if loo else "")
     gpu = (" (GPU candidates: program counts from the TPU v4 compile, memory approximate)"
            if platform == "gpu" else "")
+    u = uncertainty.of(platform)
     console.print(f"time model ({platform}): constants fitted on {prov.get('fitted_on', '?')}"
-                  f"{spread}{gpu}", highlight=False)
+                  f"{gpu}; how sure: {u.summary()}", highlight=False)
+    console.print(f"  the 10-90% band and the score carry the wider, x/÷ "
+                  f"{math.exp(u.sigma()):.2f}, as a log-normal factor on the time model; "
+                  f"extrapolated candidates wider still ({uncertainty.RULE})", highlight=False)

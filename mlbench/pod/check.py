@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlbench import accelerators, fields
 from mlbench.errors import UserError
-from mlbench.pod import estimate, hlo, predict as predict_lib, quiet, timemodel
+from mlbench.pod import estimate, hlo, predict as predict_lib, quiet, timemodel, uncertainty
 from mlbench.pod.hlo import COLLECTIVES
 
 if TYPE_CHECKING:
@@ -297,6 +297,7 @@ def _predict(plan: Plan, acc: accelerators.Accelerator, reports: tuple[ProgramRe
       model_flops_per_step=model_flops, steps=steps,
       evals=float(sum(1 for p in plan.points if p.step <= math.ceil(steps)) or 1))
   consts, provenance = estimate.constants(acc.platform)
+  provenance["uncertainty"] = uncertainty.describe(acc.platform, acc.name, plan.workload.name)
   x = estimate.inputs(acc, compiled)
   terms = timemodel.predict(x, consts)
   roof = predict_lib.roofline(acc, x.train.flops, x.train.hbm_bytes, 0.0)

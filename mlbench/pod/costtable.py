@@ -42,12 +42,17 @@ def _affine(points: dict[float, float], x: float) -> float:
 
 
 def device_cost(records: dict[str, dict[str, Any]], workload: str, batch: float, model: int,
-                program: str) -> dict[str, float]:
+                program: str, seq: int | None = None, packed: bool = False
+                ) -> dict[str, float]:
   """Per-device FLOPs, HBM bytes and collective bytes of `program` at a per-device
-  batch, from the cached compiles: a line in the batch, a line in the depth."""
-  mine = [r for r in records.values() if r["workload"] == workload and r["model"] == model]
+  batch, from the cached compiles: a line in the batch, a line in the depth. `seq`: the
+  compiles at that sequence length (BERT's length buckets), else the full config's;
+  `packed`: the compiles of the packed program (BERT's), whose batch counts rows."""
+  mine = [r for r in records.values() if r["workload"] == workload and r["model"] == model
+          and r.get("seq") == seq and bool(r.get("packed")) == packed]
   if not mine:
-    raise KeyError(f"no cached compile of {workload} with model={model}; run "
+    at = ("" if seq is None else f" at sequence length {seq}") + (" packed" if packed else "")
+    raise KeyError(f"no cached compile of {workload} with model={model}{at}; run "
                    "python -m benchmarks.calibration.costs")
   fields = {"flops": lambda p: p["flops_per_device"], "bytes": lambda p: p["bytes_per_device"],
             "coll": lambda p: float(sum(p["collective_bytes"].values())),

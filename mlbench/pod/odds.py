@@ -19,6 +19,12 @@ from `trials` sets of runs drawn with a fixed seed (the same answer every time).
 A run whose draw lies beyond the last evaluation of the training budget does
 not converge; a set with more than one such run is no result (MLPerf accepts
 one), counted in `p_no_result`.
+
+The time model's own error (`model_sigma`, the log-spread `mlbench.pod.uncertainty`
+gives) multiplies every time by a log-normal factor, one per set of runs (the model is
+wrong about a system, not about one run of it): the band is then one run's time in
+the simulated sets, the median stays the model's central estimate (the factor's median
+is 1), and the expected score grows by the factor's mean, exp(sigma^2 / 2).
 """
 
 from __future__ import annotations
@@ -70,8 +76,9 @@ def olympic_drop(runs: int) -> int:
 
 
 def outlook(stops: Stops, mean: float, stdev: float, runs: int, *, trials: int = TRIALS,
-            seed: int = 0) -> Outlook:
-  """The distribution of the time to train of runs converging after N(mean, stdev)."""
+            seed: int = 0, model_sigma: float = 0.0) -> Outlook:
+  """The distribution of the time to train of runs converging after N(mean, stdev), the
+  time model off by a log-normal factor of log-spread `model_sigma`."""
   import numpy as np
 
   if not stops.values:
@@ -80,9 +87,14 @@ def outlook(stops: Stops, mean: float, stdev: float, runs: int, *, trials: int =
   p10, median, p90 = (stops.time_s(mean + k * stdev) for k in z)
   values = np.asarray(stops.values + (math.inf,))
   times = np.asarray(stops.times_s + (math.inf,))
-  draws = np.random.default_rng(seed).normal(mean, stdev, size=(trials, runs))
+  rng = np.random.default_rng(seed)
+  draws = rng.normal(mean, stdev, size=(trials, runs))
   idx = np.searchsorted(values[:-1], draws, side="left")
-  t = np.sort(times[idx], axis=1)
+  factor = np.exp(model_sigma * rng.standard_normal((trials, 1))) if model_sigma else 1.0
+  if model_sigma:  # one run's time in each set: its 10th and 90th percentiles
+    one = np.sort((times[idx[:, :1]] * factor).ravel())
+    p10, p90 = (float(one[min(len(one) - 1, int(q * len(one)))]) for q in (0.1, 0.9))
+  t = np.sort(times[idx] * factor, axis=1)
   v = np.sort(values[idx], axis=1)
   drop = olympic_drop(runs)
   ok = np.isfinite(t[:, runs - 1 - drop])  # at most `drop` runs without a result

@@ -78,6 +78,9 @@ class Costs:
 CostFn = Callable[[str, int], Costs]
 # global batch -> the evaluations a run can stop at: (step, value in the RCP's unit).
 PointsFn = Callable[[int], Sequence[tuple[int, float]]]
+# (platform, accelerator, workload) -> the time model's uncertainty there
+# (`uncertainty.describe`: the band's factor, why it extrapolates).
+SpreadFn = Callable[[str, str, str], dict[str, Any]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +97,11 @@ class Candidate:
   outlook: odds.Outlook | None = None
   rank: int | None = None
   pareto: bool = False
+  spread: dict[str, Any] | None = None  # the time model's uncertainty here (band, why)
+
+  @property
+  def extrapolated(self) -> tuple[str, ...]:
+    return tuple((self.spread or {}).get("extrapolated") or ())
 
   @property
   def per_device(self) -> int:
@@ -222,19 +230,24 @@ def inputs(t: Target, batch: int, c: Costs, workload: str, eval_examples: int
 def predict_candidate(t: Target, batch: int, c: Costs, conv: rcp.Convergence, *,
                       workload: str, eval_examples: int, points: Sequence[tuple[int, float]],
                       runs: int, constants: Callable[[str], timemodel.Constants],
-                      remat_hint: str = "") -> Candidate:
-  """One candidate's prediction from its program's costs and the RCPs at its batch."""
-  fits = c.compiled and c.peak_bytes <= t.accelerator.device_hbm_bytes
+                      remat_hint: str = "", spread: SpreadFn | None = None) -> Candidate:
+  """One candidate's prediction from its program's costs and the RCPs at its batch; with
+  `spread`, the time model's own uncertainty widens its band and raises its score."""
+  acc = t.accelerator
+  sure = None if spread is None else spread(acc.platform, acc.name, workload)
+  fits = c.compiled and c.peak_bytes <= acc.device_hbm_bytes
   if not fits:
-    return Candidate(t, batch, conv, c, fits=False, fix=fix_line(t, batch, c, remat_hint))
+    return Candidate(t, batch, conv, c, fits=False, fix=fix_line(t, batch, c, remat_hint),
+                     spread=sure)
   x = inputs(t, batch, c, workload, eval_examples)
-  k = constants(t.accelerator.platform)
+  k = constants(acc.platform)
   stops = _stops(x, k, points)
-  look = odds.outlook(stops, conv.mean, conv.stdev, runs)
+  sigma = math.log(sure["band_factor"]) if sure else 0.0
+  look = odds.outlook(stops, conv.mean, conv.stdev, runs, model_sigma=sigma)
   i = min(look.median_stop, len(points) - 1)
   terms = timemodel.predict(dataclasses.replace(x, steps=float(points[i][0]),
                                                 evals=float(i + 1)), k)
-  return Candidate(t, batch, conv, c, fits=True, terms=terms, outlook=look)
+  return Candidate(t, batch, conv, c, fits=True, terms=terms, outlook=look, spread=sure)
 
 
 def pareto(cands: Sequence[Candidate]) -> set[int]:
@@ -249,15 +262,17 @@ def evaluate(targets: Sequence[Target], batches: Sequence[int] | None, table: rc
              cost_of: CostFn, points_of: PointsFn, workload: str, eval_examples: int,
              runs: int, objective: Objective,
              constants: Callable[[str], timemodel.Constants] | None = None,
-             remat_hint: str = "") -> Result:
+             remat_hint: str = "", spread: SpreadFn | None = None) -> Result:
   """Predicts every candidate and ranks those that fit by `objective` (the expected
-  MLPerf score of `runs` runs, or its chip-hours)."""
+  MLPerf score of `runs` runs, or its chip-hours); `spread`: the time model's uncertainty
+  (none: the band is convergence's alone)."""
   consts = constants or (lambda platform: estimate.constants(platform)[0])
   cands_, skipped = pairs(targets, batches, table)
   costs = _costs(cands_, cost_of)
   out = [predict_candidate(t, b, costs[(t.proxy, b // t.devices)], rcp.at(table, b),
                            workload=workload, eval_examples=eval_examples, points=points_of(b),
-                           runs=runs, constants=consts, remat_hint=remat_hint)
+                           runs=runs, constants=consts, remat_hint=remat_hint,
+                           spread=spread)
          for t, b in cands_]
   front = pareto(out)
   order = sorted(range(len(out)), key=lambda i: (out[i].objective(objective), out[i].target.chips,
@@ -271,7 +286,8 @@ def evaluate(targets: Sequence[Target], batches: Sequence[int] | None, table: rc
 
 
 def to_json(r: Result, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-  """The plan as data (the schema in plan.schema.json)."""
+  """The plan as data (the schema in plan.schema.json): per platform both spreads of the
+  time model (`uncertainty`), per candidate its band's factor and why it extrapolates."""
   rows = []
   for c in r.candidates:
     look, t = c.outlook, c.terms
@@ -292,9 +308,14 @@ def to_json(r: Result, extra: dict[str, Any] | None = None) -> dict[str, Any]:
                                              "p90": look.p90_s, "score": look.score_s},
         "rcp_scaling": None if look is None else look.scaling,
         "p_no_result": None if look is None else look.p_no_result,
-        "chip_hours": c.chip_hours, "rank": c.rank, "pareto": c.pareto})
+        "chip_hours": c.chip_hours, "rank": c.rank, "pareto": c.pareto,
+        "extrapolated": list(c.extrapolated),
+        "band_factor": None if c.spread is None else c.spread["band_factor"]})
+  spreads = {c.target.accelerator.platform: {k: v for k, v in c.spread.items()
+                                             if k not in ("extrapolated", "rule", "band_factor")}
+             for c in r.candidates if c.spread}
   return _finite({"objective": r.objective.value, "runs": r.runs, "candidates": rows,
-                  "skipped": list(r.skipped), **(extra or {})})
+                  "skipped": list(r.skipped), "uncertainty": spreads, **(extra or {})})
 
 
 def _finite(x: Any) -> Any:

@@ -214,14 +214,17 @@ def calibration_costs(workload: str, config: str, overrides: tuple[str, ...]
   wl = registry.get(workload)
   _, cfg, _ = config_lib.configured(wl, config, ())
   per_example = float(wl.flops_per_example(cfg))
-  # A packed step (BERT's) runs examples / factor rows, and a row costs what one padded
-  # example does (the same length through the same layers): the calibration's compiles,
-  # of one example a row, serve it at that many rows a device.
+  # A packed step (BERT's) runs examples / factor rows: the calibration's compiles of the
+  # packed program at that many rows a device, or where it has none, a padded example's
+  # (the same length through the same layers) for a row.
   packing = wl.schedule(cfg).packing
   per_row = packing.factor if packing is not None else 1.0
+  packed = packing is not None and any(r["workload"] == workload and r.get("packed")
+                                       for r in records.values())
 
   def cost(proxy: str, per_device: int) -> plan_lib.Costs:
-    train = costtable.device_cost(records, workload, per_device / per_row, 1, "train")
+    train = costtable.device_cost(records, workload, per_device / per_row, 1, "train",
+                                  packed=packed)
     evaluation = costtable.device_cost(records, workload, per_device, 1, "eval")
     return plan_lib.Costs(
         train=timemodel.StepCost(train["flops"], train["bytes"]),

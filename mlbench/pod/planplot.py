@@ -3,8 +3,9 @@
 Two panels sharing the x axis (chips, log scale): the predicted time to train
 (the median run's, its 10-90% band shaded, the expected MLPerf score as a dot)
 and the chip-hours of that score; one line per global batch, GPU candidates
-hollow. Candidates on the Pareto front (none both faster and cheaper) are
-ringed. matplotlib draws it off-screen.
+hollow, extrapolated ones (no calibration run of that accelerator or workload)
+dashed and labelled so. Candidates on the Pareto front (none both faster and
+cheaper) are ringed. matplotlib draws it off-screen.
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ def plot(result: plan_lib.Result, path: Path, title: str) -> Path:
     x = [c.target.chips for c in cs]
     color = colors[i % len(colors)]
     face = "none" if gpu else color
-    label = f"{acc} batch {batch:,}"
+    extrapolated = any(c.extrapolated for c in cs)
+    style = "--" if extrapolated else "-"
+    label = f"{acc} batch {batch:,}" + (" (extrapolated)" if extrapolated else "")
     top.fill_between(x, [c.outlook.p10_s / 60 for c in cs], [c.outlook.p90_s / 60 for c in cs],
                      color=color, alpha=0.18, linewidth=0)
-    top.plot(x, [c.outlook.median_s / 60 for c in cs], "-", color=color, label=label)
+    top.plot(x, [c.outlook.median_s / 60 for c in cs], style, color=color, label=label)
     top.scatter(x, [c.outlook.score_s / 60 for c in cs], color=color, facecolors=face, s=18,
                 zorder=3)
-    bottom.plot(x, [c.chip_hours for c in cs], "-o", color=color, markerfacecolor=face,
+    bottom.plot(x, [c.chip_hours for c in cs], style + "o", color=color, markerfacecolor=face,
                 markersize=4)
   front = [c for c in ok if c.pareto]
   top.scatter([c.target.chips for c in front], [c.outlook.score_s / 60 for c in front], s=110,

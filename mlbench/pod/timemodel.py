@@ -13,14 +13,18 @@
   (the weight update, normalisation statistics, small ops' latencies), as FLOPs
   at the chip's peak, so it takes a v3 core 4.5x longer than a v4 chip. The
   per-example bytes are XLA's `bytes accessed` less the batch-independent ones,
-  `fixed_bytes_per_param` x the f32 parameter bytes per device (fitted: at 8 to
-  16 examples a chip the weights' reads and writes are most of a step's bytes,
-  and a set value made small-batch steps look memory-bound that the published
-  runs show are not; the cached compiles' intercept, 36 to 47, is its start);
+  `fixed_bytes_per_param` x the f32 parameter bytes per device (held at the
+  cached compiles' intercept, 42.9: fitting it as well scored worse under
+  leave-one-out and swung from 46 to 27 with one run left out);
+- replicas running different programs (a run that buckets sequences by length runs
+  one program per bucket, a replica's step drawing one): each program's roofline at its
+  share of a replica's steps, and the step the expected slowest of the replicas
+  (`slowest_of`: they wait for each other at the gradient all-reduce; on one replica
+  the weighted mean, on thousands the slowest program);
 - collectives: the data-parallel gradient all-reduce and the model/expert-axis
   collectives, timed on the slice's torus (`collectives`: over all its axes at
-  once), a fitted fraction `kappa` of them exposed (1: not overlapped with the
-  backward pass);
+  once), a fraction `kappa` of them exposed (held at 1, not overlapped with the
+  backward pass: it fits to 1 when fitted);
 - per step, the host overhead `step_overhead_s` (0 for TPUs: the published runs
   ran device loops of whole epochs, and a per-step constant in host seconds fits
   them worse than the device's own fixed work);
@@ -30,8 +34,9 @@
 - evaluations: as many as the rules' cadence (or the run's log) says, each the
   compiled eval step (roofline and fixed work) over the eval set split over the
   devices (padded to whole batches), each batch's sums all-reduced over the
-  slice (latency-bound at thousands of chips), plus the fitted per-evaluation
-  overhead `e0` (host work: reading the sums, logging);
+  slice (latency-bound at thousands of chips), plus a per-evaluation overhead
+  `e0` (host work: reading the sums, logging; held at 0, the better choice under
+  leave-one-out);
 - warm-up: the first block's time beyond the steady rate, as the published logs
   show it (`RunLog.warmup_s` of benchmarks/calibration/runlog.py: compile and
   program load, the input pipeline's fill, the first steps), measured per workload
@@ -42,7 +47,9 @@
   logs record).
 
 The constants live in accelerators.yaml (`time_model`), fitted on the published TPU
-runs by the calibration tooling outside the package (benchmarks/calibration/fit.py).
+runs by the calibration tooling outside the package (benchmarks/calibration/fit.py;
+which are fitted and which held is a choice made on leave-one-out alone,
+benchmarks/model_choices.py), beside both measured spreads (`uncertainty`).
 """
 
 from __future__ import annotations
@@ -60,15 +67,18 @@ INPUT_CPU_S = {"resnet50": 2.7e-3, "ssd": 5.0e-3, "bert": 5e-5, "transformer": 5
                "moe": 5e-5, "llama31_8b": 2e-4}
 
 
-# The p of the soft roofline (c^p + m^p)^(1/p), chosen on the published runs: leave-one-out
-# typical factor 1.188 at p = 2 (but 9 of 18 held-out runs within 1.25x), 1.189 at 3 (11
-# of 18), 1.193 at 4, 1.208 at 8, 1.230 for a hard max.
+# The p of the soft roofline (c^p + m^p)^(1/p), chosen on leave-one-out alone
+# (benchmarks/model_choices.py, 2026-11-28, the runs costed by what they ran): typical
+# factor 1.175 at p = 2, 1.172 at 3 (worst 1.51x), 1.172 at 4 (worst 1.52x), 1.173 at 8
+# and for a hard max. (It was first chosen in part on the v0.6 runs, which now only
+# measure: benchmarks/README.md, "Pod prediction".)
 ROOFLINE_P = 3.0
 
 
 @dataclasses.dataclass(frozen=True)
 class Constants:
-  """The time model's constants: the first five fitted, the rest fixed by physics or by
+  """The time model's constants: `FITTED` the ones the calibration may fit (it fits
+  eta, hbm and fixed_flops, holding the others), the rest fixed by physics or by
   measurement (see the module doc)."""
 
   eta: float              # achieved fraction of the peak FLOP/s (train and eval programs)
@@ -79,8 +89,9 @@ class Constants:
   kappa: float = 1.0      # fraction of collective time not overlapped with compute
   step_overhead_s: float = 0.0  # host overhead per step
   fixed_bytes_per_param: float = 0.0  # batch-independent HBM bytes per f32 parameter byte
-  # The efficiency of accelerators fitted on their own (the H100 on GPU runs); `eta`
-  # stands for the others.
+  # The efficiency of accelerators fitted on their own (the H100 on GPU runs), by
+  # accelerator ("h100") or by accelerator and workload ("h100/bert"); `eta` stands for
+  # the others.
   eta_by: tuple[tuple[str, float], ...] = ()
   # The warm-up of each workload as the published logs show it (measured, not fitted:
   # benchmarks/calibration's `RunLog.warmup_s`); `warmup_s` stands for the others.
@@ -103,8 +114,9 @@ class Constants:
   def fitted(self) -> list[float]:
     return [getattr(self, k) for k in self.FITTED]
 
-  def eta_for(self, accelerator: str) -> float:
-    return dict(self.eta_by).get(accelerator, self.eta)
+  def eta_for(self, accelerator: str, workload: str = "") -> float:
+    by = dict(self.eta_by)
+    return by.get(f"{accelerator}/{workload}", by.get(accelerator, self.eta))
 
   def warmup_for(self, workload: str) -> float:
     return dict(self.warmup_by).get(workload, self.warmup_s)
@@ -147,6 +159,11 @@ class Inputs:
   param_bytes_per_device: float = 0.0  # f32 parameters (the batch-independent bytes)
   workload: str = ""             # its measured warm-up
   eval_collective_s: float = 0.0  # an eval batch's sums reduced over the slice
+  # Where replicas run different programs step by step (a length-bucketed run: one per
+  # bucket), each program's share of a replica's steps and its cost; `train` is then their
+  # weighted mean. `replicas` run in step (0: `devices`).
+  train_mix: tuple[tuple[float, StepCost], ...] = ()
+  replicas: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,10 +202,13 @@ class Terms:
 
 def predict(x: Inputs, c: Constants) -> Terms:
   """Every term of the time to train of one run under constants `c`."""
-  eta = c.eta_for(x.accelerator)
+  eta = c.eta_for(x.accelerator, x.workload)
   fixed = c.fixed_flops / x.peak_flops_per_s
-  device = fixed + x.train.roofline_s(x.peak_flops_per_s, x.hbm_bytes_per_s, eta, c.hbm,
-                                      c.fixed_bytes_per_param * x.param_bytes_per_device)
+  fixed_bytes = c.fixed_bytes_per_param * x.param_bytes_per_device
+  programs = x.train_mix or ((1.0, x.train),)
+  device = fixed + slowest_of(
+      [(share, cost.roofline_s(x.peak_flops_per_s, x.hbm_bytes_per_s, eta, c.hbm, fixed_bytes))
+       for share, cost in programs], x.replicas or x.devices)
   collective = c.kappa * x.collective_s
   per_device_batch = x.global_batch / x.devices
   cores = x.host_cores_per_device
@@ -202,6 +222,20 @@ def predict(x: Inputs, c: Constants) -> Terms:
                input_step_s=input_s, step_s=step, steps=x.steps,
                warmup_s=c.warmup_for(x.workload),
                eval_each_s=eval_each, evals=x.evals, mfu=mfu, fixed_s=fixed)
+
+
+def slowest_of(times: list[tuple[float, float]], replicas: int) -> float:
+  """The expected time of a step whose `replicas` each run one program drawn at its share
+  (share, seconds) and then wait for each other (the gradient all-reduce): the expected
+  maximum of `replicas` draws. One replica: the weighted mean; thousands: the slowest
+  program any replica is likely to draw."""
+  total = sum(share for share, _ in times)
+  out, below = 0.0, 0.0
+  for share, seconds in sorted(times, key=lambda t: t[1]):
+    upto = below + share / total
+    out += seconds * (min(upto, 1.0) ** replicas - below ** replicas)
+    below = upto
+  return out
 
 
 def eval_split(eval_examples: int, data_devices: int, per_device_batch: int) -> tuple[int, int]:

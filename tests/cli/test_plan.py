@@ -30,19 +30,32 @@ def test_bad_requests_end_in_one_line(capsys, args, says):
 
 def test_a_plan_from_the_calibration_compiles_ranks_v4_slices(capsys, tmp_path):
   """No compile: the time model's cached compiles of the full ResNet-50; every candidate
-  fits a v4 chip, the JSON follows its schema, the plot is written and never replaced."""
+  fits a v4 chip, the JSON follows its schema and carries both spreads, the H200 (no
+  calibration run) is extrapolated with a wider band, the plot is written and never
+  replaced."""
   import jsonschema
 
   plot = tmp_path / "plan.png"
-  args = ["plan", "resnet50", "--costs", "calibration", "--slices", "v4-512,v4-2048,h100-64",
-          "--batches", "8192,32768", "--json", "--plot", str(plot)]
+  args = ["plan", "resnet50", "--costs", "calibration", "--slices",
+          "v4-512,v4-2048,h100-64,h200-8", "--batches", "8192,32768", "--json", "--plot",
+          str(plot)]
   assert main(args) == 0
   out = capsys.readouterr()
   doc = json.loads(out.out)
   jsonschema.validate(doc, SCHEMA)
-  rows = doc["candidates"]
+  for platform in ("tpu", "gpu"):
+    assert doc["uncertainty"][platform]["leave_one_out"]["runs"] >= 2
+  assert doc["uncertainty"]["tpu"]["never_fitted"]["runs"] == 18
+  assert "slower than predicted" in doc["uncertainty"]["tpu"]["summary"]
+  h200 = [r for r in doc["candidates"] if r["accelerator"] == "h200"]
+  assert h200 and all("h200" in r["extrapolated"][0] for r in h200)
+  others = [r for r in doc["candidates"] if r["accelerator"] != "h200"]
+  assert all(r["extrapolated"] == [] for r in others)
+  assert min(r["band_factor"] for r in h200) > max(r["band_factor"] for r in others)
+  assert "extrapolated h200-8" in out.err
+  rows = others
   assert len(rows) == 6 and all(r["fits"] for r in rows)
-  assert [r["rank"] for r in rows] == [1, 2, 3, 4, 5, 6]
+  assert sorted(r["rank"] for r in rows) == [r["rank"] for r in rows]
   scores = [r["time_s"]["score"] for r in rows]
   assert scores == sorted(scores)
   gpu = [r for r in rows if r["platform"] == "gpu"]

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from benchmarks.calibration import cases, costs, fit, runlog
-from mlbench.pod import estimate, timemodel
+from mlbench.pod import estimate, timemodel, uncertainty
 
 DATA = Path(__file__).parents[1] / "data"
 V06 = DATA / "mlperf-v0.6" / "Google" / "results"
@@ -56,9 +56,12 @@ def tpu_rows():
   return rows
 
 
-def test_the_fit_recovers_known_constants_and_leave_one_out_predicts_each_run(tpu_rows):
+def test_the_fit_recovers_known_constants_and_leave_one_out_predicts_each_run(tpu_rows,
+                                                                           monkeypatch):
   """Rows of real calibration cases whose 'measured' times come from known constants (the
-  warm-ups the logs show, which the fit measures rather than fits)."""
+  warm-ups the logs show, which the fit measures rather than fits): every fittable
+  constant fitted; then the chosen three (the others held at their start)."""
+  monkeypatch.setattr(fit, "FITTED", timemodel.Constants.FITTED)
   default, by = fit.warmups(tpu_rows)
   assert dict(by)["resnet50"] > 1 and len(by) == 4  # ResNet-50 fills its input pipeline
   true = timemodel.Constants(eta=0.45, hbm=1.2, fixed_flops=3e11, warmup_s=default,
@@ -75,9 +78,22 @@ def test_the_fit_recovers_known_constants_and_leave_one_out_predicts_each_run(tp
   assert got.fixed_flops == pytest.approx(3e11, rel=0.2)
   assert got.kappa == pytest.approx(0.7, abs=0.1)
   assert got.warmup_by == by
+  # The GPU efficiency, per workload: two runs of each, each predicted by the other's.
+  pairs = [
+      r for wl in ("resnet50", "bert") for r in [x for x in fake if x.inputs.workload == wl][:2]]
   gpu_like = [dataclasses.replace(r, inputs=dataclasses.replace(r.inputs, accelerator="h100"))
-              for r in fake[:4]]
+              for r in pairs]
   assert fit.spread(fit.leave_one_out(gpu_like, got, only_eta=True))["worst"] < 1.02
+  per = fit.fit(gpu_like, start=dataclasses.replace(got, eta=0.3), only_eta=True)
+  assert dict(per.eta_by)["h100/bert"] == pytest.approx(0.45, rel=0.01)
+  assert per.eta_for("h100", "resnet50") == pytest.approx(0.45, rel=0.01)
+  monkeypatch.setattr(fit, "FITTED", ("eta", "hbm", "fixed_flops"))
+  held = dataclasses.replace(true, eval_overhead_s=0.0, kappa=1.0, fixed_bytes_per_param=42.9)
+  fake = [dataclasses.replace(r, measured=dataclasses.replace(
+      r.measured, run_s=timemodel.predict(r.inputs, held).total_s)) for r in tpu_rows]
+  got = fit.fit(fake, dataclasses.replace(held, eta=0.6, hbm=1.0, fixed_flops=1e11))
+  assert (got.eval_overhead_s, got.kappa, got.fixed_bytes_per_param) == (0.0, 1.0, 42.9)
+  assert got.eta == pytest.approx(0.45, rel=0.02) and got.hbm == pytest.approx(1.2, rel=0.05)
 
 
 def test_the_stored_tpu_constants_are_the_fit_of_the_calibration_set(tpu_rows):
@@ -92,12 +108,42 @@ def test_the_stored_tpu_constants_are_the_fit_of_the_calibration_set(tpu_rows):
   assert stored.warmup_s == pytest.approx(got.warmup_s, abs=0.01)
   assert dict(stored.warmup_by) == pytest.approx(dict(got.warmup_by), abs=0.01)
   assert provenance["leave_one_out"]["runs"] == len(tpu_rows)
+  # What the fitted runs cover (a prediction outside it extrapolates), and the spread of
+  # the never-fitted v0.6 runs under these constants, with the sign of their bias.
+  assert provenance["calibrated"] == fit.calibrated(tpu_rows)
+  held, _ = fit.rows(tuple(c for c in cases.CASES if c.held_out), cases.default_results(),
+                     cases.default_held_out())
+  ratios = [timemodel.predict(r.inputs, got).total_s / r.measured.run_s for r in held]
+  never = fit.biased_spread(ratios, fit.HELD_OUT)
+  for key in ("factor_1sigma", "worst", "bias"):
+    assert provenance["never_fitted"][key] == pytest.approx(never[key], abs=0.002), key
+  assert (provenance["never_fitted"]["runs"], provenance["never_fitted"]["slower"]) == (
+      never["runs"], never["slower"])
+  u = uncertainty.of("tpu")
+  assert u.never_fitted is not None and u.loo is not None
+  assert u.wider.factor == max(u.loo.factor, u.never_fitted.factor)
+  # The GPU efficiencies (per workload), fitted on the H100 runs each costed by what it ran.
+  gpu, _ = fit.rows(cases.GPU_CASES, cases.default_results())
+  assert not [r.case.name for r in gpu if r.not_fitted]  # BERT by the packed program
+  stored_gpu, prov_gpu = estimate.constants("gpu")
+  got_gpu = fit.fit_gpu(gpu, got)
+  assert dict(stored_gpu.eta_by) == pytest.approx(dict(got_gpu.eta_by), rel=0.01)
+  assert prov_gpu["calibrated"] == fit.calibrated(gpu)
 
 
 def test_only_the_compiles_asked_for_are_made():
   have = {"bert@b2/m1/L2": {}}
   keys = [v.key for v in costs.VARIANTS if costs.wanted(v, {"ssd@b32/m1", "bert"}, have, True)]
-  assert keys == ["ssd@b32/m1", "bert@b2/m1/L4", "bert@b16/m1/L2"]
+  assert keys[:3] == ["ssd@b32/m1", "bert@b2/m1/L4", "bert@b16/m1/L2"]
+  # and the length buckets' programs, at two depths each: 64 tokens masks 62 positions
+  assert keys[3:5] == ["bert@b14/m1/L2/s64", "bert@b14/m1/L4/s64"] and len(keys) == 16
+  short = next(v for v in costs.VARIANTS if v.seq == 64)
+  assert "data.max_predictions_per_seq=62" in costs._args(short)
+  # the full config packs (issue 47): the padded programs say so, the packed ones count rows
+  assert "data.max_sequences_per_row=1" in costs._args(short)
+  packed = next(v for v in costs.VARIANTS if v.packed and v.batch == 16)
+  assert packed.key == "bert@b16/m1/L2/packed"
+  assert "global_batch_size=128" in costs._args(packed)  # 16 rows of 2 on 4 devices
   assert len([v for v in costs.VARIANTS if costs.wanted(v, set(), have, False)]) == len(
       costs.VARIANTS)
 

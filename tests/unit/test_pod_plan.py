@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from mlbench import rules
-from mlbench.pod import odds, plan, rcp, timemodel
+from mlbench.pod import odds, plan, rcp, timemodel, uncertainty
 
 
 def _rounds() -> list[tuple[str, str, Path]]:
@@ -121,11 +121,12 @@ def _costs(calls: list, need_from: int | None = None):
   return cost
 
 
-def _plan(objective=plan.Objective.TIME, batches=(64, 256), cost=None, names=("v4-8", "v4-16")):
+def _plan(objective=plan.Objective.TIME, batches=(64, 256), cost=None, names=("v4-8", "v4-16"),
+          spread=None):
   return plan.evaluate([plan.target(n) for n in names], batches, TABLE,
                        cost_of=cost or _costs([]), points_of=_points, workload="synthetic",
                        eval_examples=1, runs=5, objective=objective,
-                       constants=lambda platform: CONSTANTS)
+                       constants=lambda platform: CONSTANTS, spread=spread)
 
 
 def test_a_plan_on_a_synthetic_time_model_ranks_candidates_as_computed_by_hand():
@@ -206,3 +207,55 @@ def test_slice_names_and_gpus():
     plan.target("h100-12")
   with pytest.raises(UserError, match="unknown TPU slice"):
     plan.target("v5p-7")
+
+
+def test_the_time_models_spread_widens_the_band_and_raises_the_score():
+  """Convergence without spread (one stop at 250 s) and the time model off by a
+  log-normal factor of log-spread 0.3: the band is 250 x exp(-+1.2816 x 0.3), the median
+  stays 250, the expected score is 250 x exp(0.3^2 / 2)."""
+  stops = odds.Stops(values=(30.0,), times_s=(250.0,))
+  look = odds.outlook(stops, mean=30.0, stdev=0.0, runs=5, model_sigma=0.3)
+  assert look.median_s == 250.0
+  assert look.p10_s == pytest.approx(250 * math.exp(-odds.Z90 * 0.3), rel=0.01)
+  assert look.p90_s == pytest.approx(250 * math.exp(odds.Z90 * 0.3), rel=0.01)
+  assert look.score_s == pytest.approx(250 * math.exp(0.3**2 / 2), rel=0.01)
+
+
+SURE = uncertainty.Uncertainty(
+    "tpu", loo=uncertainty.Spread(1.2, 1.5, 24),
+    never_fitted=uncertainty.Spread(1.35, 2.0, 18, bias=0.8, slower=17, what="v0.6"),
+    accelerators=("tpu_v4",), workloads=("synthetic",))
+
+
+def test_an_uncalibrated_generation_is_marked_extrapolated_with_a_wider_band():
+  """v4 has calibration runs: its band is the wider spread's (the never-fitted runs' x/÷
+  1.35); v5p has none: extrapolated, why, and x/÷ exp(sqrt(ln 1.35^2 + ln 2^2)) (the
+  largest miss on a run the fit did not see, added in quadrature); in the plan's JSON too."""
+  result = _plan(names=("v4-16", "v5p-16"), batches=(64,),
+                 spread=lambda platform, acc, wl: SURE.describe(acc, wl))
+  by = {c.target.accelerator.name: c for c in result.candidates}
+  v4, v5p = by["tpu_v4"], by["tpu_v5p"]
+  assert v4.extrapolated == () and v4.spread["band_factor"] == pytest.approx(1.35)
+  assert len(v5p.extrapolated) == 1 and "tpu_v5p" in v5p.extrapolated[0]
+  wide = math.exp(math.sqrt(math.log(1.35) ** 2 + math.log(2.0) ** 2))
+  assert v5p.spread["band_factor"] == pytest.approx(wide, rel=1e-3)
+  band = lambda c: c.outlook.p90_s / c.outlook.p10_s
+  assert band(v5p) > band(v4) > 1.5  # the convergence band alone is one evaluation wide here
+  assert "no calibration run of bert" in SURE.describe("tpu_v4", "bert")["extrapolated"][0]
+  doc = plan.to_json(result)
+  rows = {c["accelerator"]: c for c in doc["candidates"]}
+  assert rows["tpu_v5p"]["extrapolated"] and rows["tpu_v4"]["extrapolated"] == []
+  assert rows["tpu_v5p"]["band_factor"] > rows["tpu_v4"]["band_factor"]
+
+
+def test_plan_json_carries_both_spreads():
+  import jsonschema
+
+  schema = json.loads(resources.files("mlbench").joinpath("pod", "plan.schema.json").read_text())
+  doc = plan.to_json(_plan(spread=lambda platform, acc, wl: SURE.describe(acc, wl)))
+  jsonschema.validate(doc, schema)
+  tpu = doc["uncertainty"]["tpu"]
+  assert tpu["leave_one_out"]["factor"] == 1.2 and tpu["leave_one_out"]["runs"] == 24
+  assert tpu["never_fitted"]["factor"] == 1.35 and tpu["never_fitted"]["slower_than_predicted"] == 17
+  assert tpu["wider_factor"] == pytest.approx(1.35)
+  assert "17 of 18 slower than predicted" in tpu["summary"]

@@ -86,7 +86,9 @@ def synthetic_batch(cfg: BertConfig, split: Split, batch_size: int,
     return _packed_rows(cfg, batch_size, rng)
   seq, preds, vocab = (cfg.data.max_seq_length, cfg.data.max_predictions_per_seq,
                        cfg.model.vocab_size)
-  lengths = rng.integers(seq // 2, seq + 1, batch_size)
+  # At least room for the masked positions between [CLS] and the last [SEP]: a config may
+  # mask up to max_seq_length - 2 of them (a short length bucket's program).
+  lengths = rng.integers(min(max(seq // 2, preds + 2), seq), seq + 1, batch_size)
   ids = rng.integers(5, vocab, (batch_size, seq)).astype(np.int32)
   mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
   positions = np.stack([np.sort(rng.choice(np.arange(1, n - 1), preds, replace=False))
