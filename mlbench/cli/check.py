@@ -203,12 +203,13 @@ def _ms(s: float) -> str:
 
 
 def _xla(program) -> str:
-  """XLA's estimate of a program as printed: what was added back, or why there is none."""
+  """XLA's estimate of a program as printed: what was added back, or why there is none
+  (never the word libtpu: tests read it as the TPU client's noise)."""
   if program.xla_seconds is None:
     return f"- ({program.xla_note})" if program.xla_note else "-"
   said = f" ({program.xla_note})" if program.xla_note else ""
   if program.xla_concat_bitcasts:
-    said = (f" (libtpu's {program.xla_raw_seconds:.6g} s with its "
+    said = (f" (XLA's {program.xla_raw_seconds:.6g} s with its "
             f"{program.xla_concat_bitcasts} ConcatBitcast calls' -1 s added back)")
   return _ms(program.xla_seconds) + said
 

@@ -100,13 +100,13 @@ def estimate(optimal_seconds: float | None, calls: CustomCalls | None) -> Estima
   n = calls.concat_bitcasts
   if calls.uncosted_kernels:
     return Estimate(None, raw, n, f"{calls.uncosted_kernels} Pallas kernels without a cost "
-                                  "estimate, which libtpu counts as free")
+                                  "estimate, which the TPU compiler counts as free")
   seconds = raw + n
   # float32: the step between values near the raw estimate.
   step = math.ldexp(1.0, math.frexp(raw)[1] - 24) if raw else 0.0
   if seconds <= _RESOLUTION_STEPS * step:
     what = "still not positive" if seconds <= 0 else "below what its float32 resolves"
-    return Estimate(None, raw, n, f"libtpu gave {raw:.6g} s: {what} with its {n} "
+    return Estimate(None, raw, n, f"XLA gave {raw:.6g} s: {what} with its {n} "
                                   "ConcatBitcast calls' -1 s added back")
   return Estimate(seconds, raw, n, "")
 
