@@ -11,7 +11,8 @@ program. Two kinds of custom call in a compiled TPU program make the number wron
   slice-start/slice-done). Found by comparing the estimates with the counts
   (libtpu 0.0.52): ResNet-50's train step on v4-128 holds 103 and its estimate is
   -102.965 s, its eval step 9 and -8.995 s, SSD's 142 and 141 and -141.941 s and
-  -140.941 s (benchmarks/README.md, space-to-depth), a reduced ResNet-50 on v4-8 18
+  -140.941 s (benchmarks/README.md, space-to-depth), BERT-large's 509 and 758 (padded,
+  packed) and -508.603 s and -757.790 s (packed BERT), a reduced ResNet-50 on v4-8 18
   and -17.997 s, its eval step 2 and -1.9995 s. The other custom call in that eval
   step, GatherScatterIndicesBitpacked, is costed. So 1 s is added back for each.
   The estimate is a float32: near 103 it resolves about 8 us, so a corrected value
