@@ -44,16 +44,15 @@ TPU_CASES = {"resnet50": "v4-128", "ssd": "v4-128"}
 
 
 def _estimate(compiled: Any) -> dict:
-  """XLA's cost analysis of a compiled program, its estimate corrected: libtpu counts each
-  "ConcatBitcast" custom call (the async slices it gathers weights and images with) as -1 s,
-  an unknown cost (ResNet-50's train step on v4-128: 103 of them, an estimate of -102.965 s),
-  so they are added back at no cost. Also the arguments' and temporaries' bytes."""
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, list) else cost
-  unknown = compiled.as_text().count('custom_call_target="ConcatBitcast"')
+  """XLA's cost analysis of a compiled program, its estimate corrected as `mlbench check`
+  corrects it (mlbench/pod/xlacost.py: libtpu books -1 s for each "ConcatBitcast" custom
+  call, 103 in ResNet-50's train step on v4-128), and the arguments' and temporaries' bytes."""
+  from mlbench.pod import xlacost
+
+  cost, est = xlacost.cost_analysis(compiled), xlacost.of_compiled(compiled)
   mem = compiled.memory_analysis()
-  return {"raw_seconds": cost["optimal_seconds"], "unknown_ops": unknown,
-          "xla_seconds": cost["optimal_seconds"] + unknown, "flops": cost.get("flops"),
+  return {"raw_seconds": est.raw_seconds, "unknown_ops": est.concat_bitcasts,
+          "xla_seconds": est.seconds, "xla_note": est.note, "flops": cost.get("flops"),
           "bytes_accessed": cost.get("bytes accessed"),
           "argument_bytes": mem.argument_size_in_bytes, "temp_bytes": mem.temp_size_in_bytes}
 
@@ -149,8 +148,11 @@ def tpu(only: list[str] | None) -> None:
       alone = _in_child("stem_conv_alone", workload, topology, stem)
       details.append(f"# {workload} {stem}: step {json.dumps(step)}; stem conv {json.dumps(alone)}")
       head = f"| {workload}, {topology} | {stem} |"
-      if "failed" in step or "failed" in alone:
-        print(f"{head} failed: {step.get('failed') or alone.get('failed')} | | | | |")
+      if "failed" in step or "failed" in alone or None in (step["xla_seconds"],
+                                                          alone["xla_seconds"]):
+        why = (step.get("failed") or alone.get("failed") or
+               f"no XLA estimate ({step['xla_note'] or alone['xla_note']})")
+        print(f"{head} {why} | | | | |")
         continue
       times[stem], stems[stem] = step["xla_seconds"], alone["xla_seconds"]
       print(f"{head} {1e3 * step['xla_seconds']:.3f} ms (raw {step['raw_seconds']:.3f} s, "

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from mlbench import accelerators, fields
 from mlbench.errors import UserError
-from mlbench.pod import estimate, hlo, predict as predict_lib, quiet, timemodel, uncertainty
+from mlbench.pod import (estimate, hlo, predict as predict_lib, quiet, timemodel, uncertainty,
+                        xlacost)
 from mlbench.pod.hlo import COLLECTIVES
 
 if TYPE_CHECKING:
@@ -43,7 +44,10 @@ class ProgramReport:
   collective_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
   collective_wire_bytes: dict[str, float] = dataclasses.field(default_factory=dict)
   bytes_accessed: float | None = None  # HBM traffic per device, XLA's count
-  xla_seconds: float | None = None     # the TPU compiler's own run-time estimate
+  xla_seconds: float | None = None     # the TPU compiler's own run-time estimate (`xlacost`)
+  xla_raw_seconds: float | None = None  # as libtpu gave it
+  xla_concat_bitcasts: int = 0          # its -1 s custom calls, added back
+  xla_note: str = ""                    # why there is no estimate
   matmul_input_dtypes: dict[str, int] = dataclasses.field(default_factory=dict)
   hlo_readable: bool = True  # False: collectives unknown (neither text nor module proto)
   collective_source: str = "HLO text"  # or "HLO module proto", "unknown"
@@ -108,53 +112,43 @@ def collectives(hlo_text: str) -> dict[str, int]:
   return hlo.collectives(hlo_text).count
 
 
-def _cost(compiled: Any) -> dict[str, float]:
-  try:
-    cost = compiled.cost_analysis()
-  except Exception:  # Not every backend implements cost analysis.
-    return {}
-  if isinstance(cost, list):
-    cost = cost[0] if cost else {}
-  return dict(cost or {})
-
-
-def _read_program(compiled: Any, devices: int) -> tuple[str, hlo.Collectives | None, str, str]:
-  """(HLO text, collectives, where they were read, XLA's error): the text if XLA can print
-  the program, else its module proto read with protobuf; XLA's C++ messages kept off
-  the terminal either way."""
+def _read_program(compiled: Any, devices: int
+                  ) -> tuple[str, hlo.Collectives | None, xlacost.CustomCalls | None, str, str]:
+  """(HLO text, collectives, custom calls, where they were read, XLA's error): the text if
+  XLA can print the program, else its module proto read with protobuf; XLA's C++
+  messages kept off the terminal either way."""
   with quiet.captured() as noise:
     try:
       text = compiled.as_text()
-      return text, hlo.collectives(text, devices), "HLO text", ""
+      return text, hlo.collectives(text, devices), xlacost.custom_calls(text), "HLO text", ""
     except Exception:  # jaxlib fails to re-read some libtpu programs (async ops)
       pass
     try:
       proto = compiled.runtime_executable().hlo_modules()[0].as_serialized_hlo_module_proto()
       coll = hlo.collectives_from_proto(proto, devices)
-      source = "HLO module proto"
+      calls, source = xlacost.custom_calls_from_proto(proto), "HLO module proto"
     except Exception:
-      coll, source = None, "unknown"
-  return "", coll, source, noise.first_error() or "XLA could not print the program"
+      coll, calls, source = None, None, "unknown"
+  return "", coll, calls, source, noise.first_error() or "XLA could not print the program"
 
 
 def _program(name: str, compiled: Any, devices: int) -> ProgramReport:
   mem = compiled.memory_analysis()
-  cost = _cost(compiled)
-  text, coll, source, error = _read_program(compiled, devices)
+  cost = xlacost.cost_analysis(compiled)
+  text, coll, calls, source, error = _read_program(compiled, devices)
   empty = hlo.Collectives(count=dict.fromkeys(COLLECTIVES, 0), result_bytes={}, wire_bytes={})
   coll = coll or empty
   flops = cost.get("flops")
-  # The TPU compiler's estimate comes out negative for some programs (seen: ResNet-50 on
-  # v4); that is no estimate.
-  xla_s = cost.get("optimal_seconds")
-  xla_s = xla_s if xla_s is not None and xla_s > 0 else None
+  # libtpu books -1 s for each ConcatBitcast and nothing for a Pallas kernel: see xlacost.
+  xla = xlacost.estimate(cost.get("optimal_seconds"), calls)
   return ProgramReport(
       name=name, flops=None if flops is None else float(flops) * devices,
       argument_bytes=int(mem.argument_size_in_bytes), output_bytes=int(mem.output_size_in_bytes),
       alias_bytes=int(mem.alias_size_in_bytes), temp_bytes=int(mem.temp_size_in_bytes),
       code_bytes=int(mem.generated_code_size_in_bytes), collectives=coll.count,
       collective_bytes=coll.result_bytes, collective_wire_bytes=coll.wire_bytes,
-      bytes_accessed=cost.get("bytes accessed"), xla_seconds=xla_s,
+      bytes_accessed=cost.get("bytes accessed"), xla_seconds=xla.seconds,
+      xla_raw_seconds=xla.raw_seconds, xla_concat_bitcasts=xla.concat_bitcasts, xla_note=xla.note,
       matmul_input_dtypes=hlo.matmul_input_dtypes(text), hlo_readable=source != "unknown",
       collective_source=source, collective_group_bytes=dict(coll.by_group), xla_error=error)
 

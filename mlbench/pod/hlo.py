@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
 
@@ -157,13 +158,19 @@ def _proto_group(ins, devices: int) -> int:
   return 2 if ins.source_target_pairs else devices
 
 
+def module_proto(serialized: bytes) -> Any:
+  """A serialized HloModuleProto, read with protobuf alone (no XLA re-parsing, which
+  refuses some programs libtpu writes)."""
+  from tensorflow.compiler.xla.service import hlo_pb2  # TF ships XLA's protos
+
+  return hlo_pb2.HloModuleProto.FromString(serialized)
+
+
 def collectives_from_proto(serialized: bytes, devices: int = 1) -> Collectives:
   """The collectives of a serialized HloModuleProto, read with protobuf alone (no XLA
   re-parsing, which refuses some programs libtpu writes). Ops wrapped in async
   computations are counted where they are written; -done halves are skipped."""
-  from tensorflow.compiler.xla.service import hlo_pb2  # TF ships XLA's protos
-
-  module = hlo_pb2.HloModuleProto.FromString(serialized)
+  module = module_proto(serialized)
 
   def ops() -> Iterator[tuple[str, int, int]]:
     for comp in module.computations:

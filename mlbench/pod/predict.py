@@ -3,8 +3,9 @@
 Three lower bounds on a step, per device (the roofline): its FLOPs at the
 chip's peak, its HBM traffic at the HBM bandwidth, and the bytes its
 collectives send at the interconnect bandwidth; and XLA's own estimate
-(`optimal_seconds` of the TPU compiler's cost analysis). The prediction is the
-largest of them: the step can be no faster than any. Time to train is the
+(`optimal_seconds` of the TPU compiler's cost analysis, corrected by `xlacost`). Without
+the time model's terms the prediction is the largest of them: the step can be no faster
+than any (with them, as `check` predicts, XLA's estimate is only shown). Time to train is the
 predicted step time times the steps to converge, taken from MLPerf's reference
 convergence points (RCPs, shipped with mlperf-logging; read as the RCP checker
 reads them, `rcp`) for the batch size, or from a real run's result log.

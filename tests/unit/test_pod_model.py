@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mlbench import accelerators, rules
-from mlbench.pod import collectives, costtable, estimate, predict, timemodel
+from mlbench.pod import collectives, costtable, estimate, predict, timemodel, xlacost
 
 DATA = Path(__file__).parents[1] / "data"
 V06 = DATA / "mlperf-v0.6" / "Google" / "results"
@@ -179,6 +179,54 @@ def test_the_module_proto_gives_the_collectives_the_text_gives():
   assert from_proto.count == from_text.count
   assert from_proto.result_bytes == from_text.result_bytes
   assert from_proto.by_group == from_text.by_group == {4: 256 * 256 * 4}
+
+
+def test_xlas_estimate_is_none_where_a_pallas_kernel_declares_no_cost():
+  """libtpu counts a Pallas kernel without a cost estimate as free (a 512^3 matmul kernel
+  and an add cost as the add alone): no estimate then; one that declares its cost is costed
+  with it. The module proto gives the same custom calls as the text."""
+  pytest.importorskip("libtpu")
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.experimental import pallas as pl
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+  from mlbench.pod import topology
+
+  n = 512
+  one = NamedSharding(Mesh(np.array(topology.devices(topology.parse("v4-8"))[:1]), ("d",)), P())
+  a = jax.ShapeDtypeStruct((n, n), jnp.bfloat16, sharding=one)
+
+  def kernel(a_ref, b_ref, o_ref):
+    o_ref[...] = jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+
+  out = {}
+  for name, cost in (("none", None), ("declared", pl.CostEstimate(
+      flops=2 * n**3, transcendentals=0, bytes_accessed=3 * 4 * n * n))):
+    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((n, n), jnp.float32),
+                          cost_estimate=cost)
+    with jax.default_device(jax.devices("cpu")[0]):
+      compiled = jax.jit(lambda x, y, call=call: call(x, y) + 1).lower(a, a).compile()
+    calls = xlacost.custom_calls(compiled.as_text())
+    proto = compiled.runtime_executable().hlo_modules()[0].as_serialized_hlo_module_proto()
+    assert xlacost.custom_calls_from_proto(proto) == calls
+    out[name] = calls, xlacost.estimate(
+        xlacost.cost_analysis(compiled).get("optimal_seconds"), calls)
+  (calls, none), (declared_calls, declared) = out["none"], out["declared"]
+  assert calls == xlacost.CustomCalls(0, 1) and declared_calls == xlacost.CustomCalls(0, 0)
+  assert none.seconds is None and none.note.startswith("1 Pallas kernels without a cost")
+  assert declared.seconds > 2 * none.raw_seconds > 0  # the kernel's time, left out before
+
+
+def test_libtpus_minus_one_per_concat_bitcast_is_added_back_and_still_checked():
+  ok = xlacost.estimate(-102.965, xlacost.CustomCalls(103))  # ResNet-50's v4-128 train step
+  assert ok.seconds == pytest.approx(0.035) and ok.note == ""
+  assert xlacost.estimate(-5.0, xlacost.CustomCalls(3)).seconds is None
+  # Near 103 a float32 resolves 7.6 us: 2 us left after adding 103 back is no estimate.
+  tiny = xlacost.estimate(-102.999998, xlacost.CustomCalls(103))
+  assert tiny.seconds is None and "float32" in tiny.note
+  assert xlacost.estimate(None, xlacost.CustomCalls(0)).note == "XLA gave none"
 
 
 def test_xla_messages_on_descriptor_2_are_captured():
