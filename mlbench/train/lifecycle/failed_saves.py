@@ -186,9 +186,11 @@ def _shown(record: logging.LogRecord) -> bool:
     return True
   if record.name == "asyncio":
     error = record.exc_info[1] if record.exc_info else None
-    in_orbax = error is not None and any(
-        "/orbax/" in f.filename for f in traceback.extract_tb(error.__traceback__))
-    return not (_of_a_save() or (in_orbax and faults.diagnose(error, "") is not None))
+    # A storage error of a save's task, or of a TensorStore future (set from C++, it has no
+    # traceback) that a failed save left behind and the garbage collector reports later.
+    of_save = error is not None and (_saved.is_set() and error.__traceback__ is None or any(
+        "/orbax/" in f.filename for f in traceback.extract_tb(error.__traceback__)))
+    return not (_of_a_save() or (of_save and faults.diagnose(error, "") is not None))
   return not ("/orbax/" in record.pathname.replace("\\", "/") and _of_a_save())
 
 
