@@ -110,7 +110,7 @@ MUTANTS = (
            'if r["passed"]:\n    return "Pass"', 'if r["message"].startswith("RCP"):\n    return "Pass"',
            "compare: 'RCP found' and 'RCP Interpolation' read as passes whatever the verdict"),
     Mutant("runs-sorted-by-name", "mlbench/verify/submission.py",
-           "return tuple(sorted(found, key=lambda p: int(p.stem.split(\"_\")[1])))",
+           "return tuple(sorted(found, key=_run_number))",
            "return tuple(sorted(found))",
            "result_10.txt comes before result_2.txt"),
     Mutant("run-stop-always-success", "mlbench/mllog.py",

@@ -332,12 +332,3 @@ def _tool_rcp(folder: str, usage: str, ruleset: str, bypass: bool) -> dict[str, 
       folder, usage, ruleset, False, False, rcp_pass="pruned_rcps", rcp_bypass=bypass,
       set_scaling=True)
   return {"passed": bool(passed), "message": msg, "factor": float(factor)}
-
-
-def _tool_epochs(files: list[str], ruleset: str) -> dict[str, Any]:
-  """Global batch size and epochs (or samples) to converge per file, as RCPs count them."""
-  from mlperf_logging.rcp_checker import rcp_checker
-
-  per_file = {f: rcp_checker.read_submission_file(f, ruleset, False) for f in files}
-  return {f: {"converged": not r[0], "epochs": None if r[0] else float(r[1]), "gbs": r[2]}
-          for f, r in per_file.items()}

@@ -173,8 +173,10 @@ def test_a_seed_is_required_of_closed_logs_of_rulesets_with_package_checks(tmp_p
 def test_runs_are_numbered_and_a_run_stop_without_status_is_no_success(tmp_path):
   for name in [f"result_{i}.txt" for i in (11, 2, 0, 10, 1)] + ["result_x.txt", "result_3.tmp"]:
     (tmp_path / name).write_text("")
+  # Every result_*.txt, as the official tools glob them; numbered runs by their numbers.
   assert [p.name for p in submission.result_files(tmp_path)] == [
-      "result_0.txt", "result_1.txt", "result_2.txt", "result_10.txt", "result_11.txt"]
+      "result_0.txt", "result_1.txt", "result_2.txt", "result_10.txt", "result_11.txt",
+      "result_x.txt"]
   stop = ':::MLLOG {{"time_ms": 5, "key": "run_stop", "value": null, "metadata": {}}}\n'
   for metadata, success in (('{"status": "success"}', True), ('{"status": "aborted"}', False),
                             ("{}", False)):
