@@ -18,11 +18,18 @@ from mlbench.verify.checks import Finding, Severity
 from mlbench.verify.report import FileReport
 from mlbench.verify.submission import BenchmarkDir
 
+# mlcommons/policies submission_rules.adoc, the directory structure of a submission.
+SUBMISSION_LAYOUT = "submission_rules.adoc, Directory structure (systems/<system_desc_id>.json)"
+
 
 def load_system(path: Path | None) -> tuple[dict[str, Any] | None, list[Finding]]:
   """A system description, and a FAIL finding when it is missing or unreadable."""
   desc, problem = submission.read_system(path)
-  return desc, [Finding("system", Severity.FAIL, problem)] if problem else []
+  if problem and path is not None and not path.exists():
+    problem += (f"; a package describes every system of its results/ in systems/ (the "
+                f"official package checker stops on the missing {path.name})")
+  return desc, [Finding("system", Severity.FAIL, problem, rule=SUBMISSION_LAYOUT)] if problem \
+      else []
 
 
 def _params(bench: BenchmarkDir) -> set[str]:
@@ -46,6 +53,25 @@ def _expected_runs(bench: BenchmarkDir, ruleset: str) -> int | None:
   from mlperf_logging.benchmark_meta import get_result_file_counts
 
   return get_result_file_counts("training").get(bench.benchmark)
+
+
+def skipped(bench: BenchmarkDir, ruleset: str, usage: str) -> Finding | None:
+  """A WARN finding when the official package checker skips this folder ("Skipping
+  benchmark": its name is no benchmark of the round) and judges none of its logs."""
+  rule = rules_lib.find(bench.benchmark, ruleset)
+  if ruleset == rules_lib.MINI or (rule is not None and not rule.official):
+    return None  # mlbench's own rules: `_allowed` judges the name
+  from mlperf_logging.benchmark_meta import get_allowed_benchmarks
+
+  try:
+    names = get_allowed_benchmarks(usage, ruleset)
+  except ValueError:
+    return None  # `_allowed` fails it
+  if bench.benchmark in names:
+    return None
+  return Finding("benchmark", Severity.WARN, f"'{bench.benchmark}' is not a {ruleset} benchmark "
+                 f"(known: {', '.join(sorted(set(names)))}); like the official package checker, "
+                 "validate skips this folder and judges none of its logs")
 
 
 def _allowed(bench: BenchmarkDir, ruleset: str, usage: str) -> list[Finding]:

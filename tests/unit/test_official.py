@@ -91,7 +91,8 @@ def test_the_screen_flags_exactly_the_lines_that_crash_the_official_checker(tmp_
     out = tools.call(official._tool_compliance, str(path), "training", "4.0.0", None)
   if raised is None:
     assert found is None
-    assert out.error is None and out.value["valid"] is False and out.value["parse_errors"]
+    assert out.error is None and out.value["valid"] is False
+    assert "Log lines had parsing errors." in out.value["errors"]
   else:
     assert found.lineno == 31 and f"would crash the official parser ({raised}" in found.reason
     assert out.error.startswith(raised)
