@@ -97,7 +97,7 @@ MUTANTS = (
            'required = division == "closed" and', 'required = division != "closed" and',
            "seeds required of the open division instead of the closed one"),
     Mutant("seed-bypass-inverted", "mlbench/verify/package.py",
-           'if "seed-checker-bypass" not in params:', 'if "seed-checker-bypass" in params:',
+           'if "seed-checker-bypass" not in params and', 'if "seed-checker-bypass" in params and',
            "the official seed checker runs only when bypassed"),
     Mutant("rcp-fail-warns", "mlbench/verify/package.py",
            'severity = Severity.INFO if r["passed"] else Severity.FAIL',

@@ -36,6 +36,7 @@ from mlbench.storage import paths
 
 TOKEN = ":::MLLOG "
 OLD_TOKEN = ":::MLL "  # v0.6 format
+_STEM = ":::MLL"  # in both
 _OLD = re.compile(r":::MLL\s+([\d.]+)\s+([\w.]+):\s*(\{.*\})\s*$")
 CHUNK = 1 << 16  # characters read at a time
 # The official parser would take hours on a :::MLLOG line of this length (see
@@ -48,11 +49,9 @@ QUOTE = 1000  # characters of an unread line kept to quote it
 MAX_TIME_MS = 1e14  # the year 5138: a larger time_ms is no millisecond timestamp
 
 # Each benchmark's logging shape, where it is not "evaluate on the clock, in epochs".
-# stable_diffusion's and minigo's references evaluate timestamped checkpoints after
-# training: the evaluations are logged after training, before a run_stop carrying the time
-# of the first checkpoint that reached the target, so later than it (training_rules.adoc,
-# "Quality measure"; the RCP checker counts them, rcp_checker.py read_submission_file L91;
-# minigo's ml_perf/eval_models.py logs that run_stop in the published v0.7 logs).
+# stable_diffusion's and minigo's references evaluate timestamped checkpoints after training,
+# logged before a run_stop carrying the passing checkpoint's earlier time (training_rules.adoc
+# "Quality measure"; rcp_checker.py read_submission_file L91; minigo's ml_perf/eval_models.py).
 OFFLINE_EVAL = frozenset({"stable_diffusion", "minigo"})
 # Counted in samples_count of the last evaluation (read_submission_file L114, 4.1.68).
 SAMPLES_COUNT = frozenset({"llama2_70b_lora", "flux1", "llama31_405b", "llama31_8b",
@@ -121,8 +120,6 @@ class ResultLog:
     longest, read, seen = (0, 0), 0, {}
     for n, text, chars, old in scanned:
       self.old_format |= old
-      if text is None:
-        continue
       read += len(text)
       if read > MAX_READ:
         self.errors.append((n, "", f"not read from line {n} on: the file holds more than "
@@ -183,7 +180,9 @@ class ResultLog:
     conv: Any = None
     out = Convergence(False, 1e9, -1, None)
     sd: dict[Any, dict[Any, Any]] = {}  # stable_diffusion's FID and CLIP per checkpoint
-    for n, body, ln in self._bodies():
+    every = [(ln.lineno, ln.text, ln) for ln in self.lines]  # with the malformed lines
+    for n, text, ln in sorted(every + [(n, t, None) for n, t, _ in self.errors]):
+      body = text[len(TOKEN):]
       try:
         is_eval = "eval_error" in body or "eval_accuracy" in body
         counted = out.benchmark in SAMPLES_COUNT or out.benchmark == "stable_diffusion"
@@ -215,14 +214,8 @@ class ResultLog:
             raise ValueError("no evaluation before it")
           out = dataclasses.replace(out, converged=True, epochs=conv)
       except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"line {n}: {type(e).__name__} {str(e)[:100]}") from None
+        raise ValueError(f"line {n}: {type(e).__name__}: {str(e)[:100]}") from None
     return out
-
-  def _bodies(self) -> Iterator[tuple[int, str, Line | None]]:
-    """(line number, JSON text, event or None if malformed) of every :::MLLOG line."""
-    found = [(ln.lineno, ln.text, ln) for ln in self.lines]
-    for n, text, ln in sorted(found + [(n, t, None) for n, t, _ in self.errors]):
-      yield n, text[len(TOKEN):], ln
 
   def all(self, key: str) -> list[Line]:
     return [ln for ln in self.lines if ln.key == key]
@@ -249,16 +242,14 @@ class ResultLog:
 
   @property
   def date(self) -> datetime.date | None:
-    """The day of the first real timestamp (some published lines carry time_ms 0;
-    a time_ms past MAX_TIME_MS is no date in milliseconds: see `not_ms`)."""
+    """The day of the first real timestamp (not 0; not past MAX_TIME_MS: `not_ms`)."""
     stamps = [ln.time_ms for ln in self.lines if 1e11 < ln.time_ms < MAX_TIME_MS]  # after 1973
     if not stamps:
       return None
     return datetime.datetime.fromtimestamp(min(stamps) / 1000, datetime.timezone.utc).date()
 
   def not_ms(self) -> Line | None:
-    """The first line whose time_ms cannot be milliseconds since 1970 (microseconds,
-    say: year 50,000 and more), or None."""
+    """The first line whose time_ms cannot be ms since 1970 (microseconds?), or None."""
     return next((ln for ln in self.lines if not ln.time_ms < MAX_TIME_MS), None)
 
 
@@ -314,12 +305,22 @@ def _parse_old(n: int, text: str) -> Line | None:
 
 def _scan(f: Any) -> Iterator[tuple[int, str | None, int, bool]]:
   """(line number, its log text or None, that text's length, whether the text is a v0.6
-  `:::MLL` line) for each line of a text file, in bounded memory. The text runs from the
-  token's last occurrence (`:::MLLOG` where the line holds it, else `:::MLL`) to the end
-  of the line, stripped; of a longer line only MAX_LINE_READ characters are kept."""
+  `:::MLL` line) for the lines of a text file that hold a token, in bounded memory. The
+  text runs from the token's last occurrence (`:::MLLOG` where the line holds it, else
+  `:::MLL`) to the end of the line, stripped; of a longer line MAX_LINE_READ characters."""
   n = 0
   while part := f.readline(CHUNK):
     n += 1
+    if part[-1] == "\n" or len(part) < CHUNK:  # the whole line at once: the common case
+      if _STEM not in part:
+        continue
+      at, old = part.rfind(TOKEN), False
+      if at < 0:
+        at, old = part.rfind(OLD_TOKEN), True
+      if at >= 0:
+        text = part[at:].strip()
+        yield n, text, len(text), old
+      continue
     text, chars, old, tail = None, 0, False, ""
     while True:
       window = tail + part
@@ -335,12 +336,10 @@ def _scan(f: Any) -> Iterator[tuple[int, str | None, int, bool]]:
       part = f.readline(CHUNK)
       if not part:
         break
-    if text is not None and len(text) <= MAX_LINE_READ:  # kept whole
-      text = text.strip()
-      chars = len(text)
-    elif text is not None:
-      chars -= len(part) - len(part.rstrip())  # the line's end, as str.strip() drops it
-    yield n, text, chars, old
+    if text is not None:  # kept whole, or its end (as str.strip() drops it) not counted
+      chars = len(text := text.strip()) if len(text) <= MAX_LINE_READ else \
+          chars - (len(part) - len(part.rstrip()))
+      yield n, text, chars, old
 
 
 def _more(text: str, chars: int, part: str) -> tuple[str, int]:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mlbench import compliance, rules as rules_lib
-from mlbench.verify import official, screen
+from mlbench.verify import official, rcp as rcp_lib, screen
 from mlbench.errors import UserError
 from mlbench.resultlog import ResultLog
 from mlbench.verify.rounds import detect_ruleset
@@ -164,7 +164,7 @@ def _rcp(bench: BenchmarkDir, runs: list[Run], ruleset: str, division: str | Non
     return None, None
   if unjudged := [r for r in runs if r.problem is not None]:  # It would stall on it too.
     return f"Not run ({unjudged[0].path.name} not judged)", None
-  return rcp_label(official.rcp(tools, [r.path for r in runs], usage, ruleset, False))
+  return rcp_label(rcp_lib.rcp(tools, [r.path for r in runs], usage, ruleset, False))
 
 
 def rcp_label(result: official.Outcome) -> tuple[str, float | None]:

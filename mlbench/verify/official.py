@@ -8,8 +8,7 @@ instead of taking mlbench down. What is known to stall or crash the official
 parser (lines too long for its quadratic regex, lines it raises on) is found
 beforehand by `mlbench.verify.screen`, so such a log is never handed to a tool.
 The tools log through the root logger; a worker collects those messages and
-returns them. The RCP checker, which rewrites scaling.json in the folder it
-checks, is given a temporary copy of the logs (`rcp`).
+returns them. The RCP checker runs through mlbench.verify.rcp.
 
 The functions named `_tool_*` run inside the workers.
 """
@@ -21,16 +20,13 @@ import dataclasses
 import logging
 import multiprocessing
 import os
-import shutil
 import signal
-import tempfile
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing import connection
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 from mlbench.errors import Interrupted
@@ -200,13 +196,14 @@ class Isolated:
     self._idle = []
 
   def map(self, fn: Callable[..., Any], calls: Sequence[tuple],
-          on_done: Callable[[int], None] | None = None) -> list[Outcome]:
-    """`fn(*args)` for every args tuple, results in order; `on_done(i)` as each ends."""
+          on_done: Callable[[int], None] | None = None, *, at_once: int = 0) -> list[Outcome]:
+    """`fn(*args)` for every args tuple, results in order; `on_done(i)` as each ends;
+    `at_once`: at most that many calls at a time (0: one per worker)."""
     out: list[Outcome | None] = [None] * len(calls)
     todo, busy = list(range(len(calls)))[::-1], []
     try:
       while todo or busy:
-        while todo and len(busy) < self._processes:
+        while todo and len(busy) < (at_once or self._processes):
           w = self._idle.pop() if self._idle else _Worker(self._ctx)
           i = todo.pop()
           w.start(i, fn, calls[i], self._timeout)
@@ -280,54 +277,3 @@ def _tool_system(path: str, usage: str, ruleset: str) -> bool:
   from mlperf_logging.system_desc_checker import system_desc_checker
 
   return bool(system_desc_checker.check_system_desc(path, usage, ruleset)[0])
-
-
-def rcp(tools: Isolated, files: Sequence[Path], usage: str, ruleset: str,
-        bypass: bool) -> Outcome:
-  """The RCP checker, as package_checker runs it, on the logs `files` of one
-  benchmark folder.
-
-  It rewrites scaling.json in the folder it checks, so it checks a temporary
-  copy holding the logs alone (never a link into other folders, nor anything
-  else of the user's tree). The copy is made and removed here, in this process:
-  a worker killed for its time limit leaves nothing behind. Messages name the
-  user's files, not the copy's.
-  """
-  folder = Path(files[0]).parent
-  tmp = tempfile.mkdtemp(prefix="mlbench-rcp-")
-  try:
-    copy = os.path.join(tmp, folder.name)
-    os.mkdir(copy)
-    for f in files:
-      shutil.copyfile(f, os.path.join(copy, Path(f).name))
-    out = tools.call(_tool_rcp, copy, usage, ruleset, bypass)
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
-  if out.error is None and "unreadable" in out.value:
-    out = Outcome(None, out.messages, f"cannot read {out.value['unreadable']}")
-  error = out.error and _named(out.error, copy, folder)
-  warned = [m.split(" - ", 1)[-1].strip() for m in out.messages if m.startswith("WARNING")]
-  if error and warned:  # e.g. "Batch sizes in files do not match." before a KeyError
-    error += f" (after: {warned[-1]})"
-  return dataclasses.replace(out, error=error, messages=tuple(_named(m, copy, folder)
-                                                             for m in out.messages))
-
-
-def _named(text: str, copy: str, folder: Path) -> str:
-  return text.replace(copy, str(folder))
-
-
-def _tool_rcp(folder: str, usage: str, ruleset: str, bypass: bool) -> dict[str, Any]:
-  """The RCP checker on `folder`. Each log is read first on its own, so that a
-  log the checker cannot read is named in the error."""
-  from mlperf_logging.rcp_checker import rcp_checker
-
-  for name in sorted(os.listdir(folder)):
-    try:
-      rcp_checker.read_submission_file(os.path.join(folder, name), ruleset, False)
-    except Exception as e:  # noqa: BLE001 - what the official reader raises, on which file
-      return {"unreadable": f"{name} ({type(e).__name__}: {e})"}
-  passed, msg, factor = rcp_checker.check_directory(
-      folder, usage, ruleset, False, False, rcp_pass="pruned_rcps", rcp_bypass=bypass,
-      set_scaling=True)
-  return {"passed": bool(passed), "message": msg, "factor": float(factor)}

@@ -2,19 +2,22 @@
 benchmark folder (result count, unique seeds, reference convergence points, the
 benchmark being one of the round's), and each system description.
 
-The official seed, RCP and system-description checkers run in isolated
-workers (`mlbench.verify.official`).
+The official RCP and system-description checkers run in isolated workers
+(`mlbench.verify.official`); the seed checker's rules are applied to the logs validate
+read (`mlbench.verify.rcp`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from mlbench import rules as rules_lib
 from mlbench.errors import UserError
-from mlbench.verify import official, submission
-from mlbench.verify.checks import Finding, Severity
+from mlbench.resultlog import ResultLog
+from mlbench.verify import official, rcp as rcp_lib, submission
+from mlbench.verify.checks import RANDOM_NUMBERS, Finding, Severity
 from mlbench.verify.report import FileReport
 from mlbench.verify.submission import BenchmarkDir
 
@@ -104,8 +107,17 @@ def _blocked(files: list[FileReport]) -> str | None:
   return None
 
 
-def findings(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str,
-             tools: official.Isolated, files: list[FileReport]) -> list[Finding]:
+@dataclasses.dataclass
+class Plan:
+  """One benchmark folder's package checks: what is known without the official RCP
+  checker, and the call to make of it (None: not made)."""
+
+  out: list[Finding]
+  rcp: tuple | None = None  # (logs, usage, ruleset, bypass) for rcp.rcps
+
+
+def plan(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str,
+         files: list[FileReport], logs: list[ResultLog]) -> Plan:
   """The package checks of one benchmark folder, its logs already judged (`files`)."""
   out = _allowed(bench, ruleset, usage)
   expected = _expected_runs(bench, ruleset)
@@ -114,33 +126,38 @@ def findings(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str
                        f"rules want exactly {expected}"))
   tool_rs = rules_lib.checker_ruleset(bench.benchmark, ruleset)
   if division != "closed" or tool_rs not in official.RULESETS_WITH_PACKAGE_CHECKS or out:
-    return out
+    return Plan(out)
   if why := _blocked(files):
-    return out + [Finding("seeds", Severity.FAIL, f"seed and RCP checkers {why}")]
+    return Plan(out + [Finding("seeds", Severity.FAIL, f"seed and RCP checkers {why}")])
   try:
     params = _params(bench)
   except UserError as e:
-    return out + [Finding("params", Severity.FAIL, f"{e}; it lists the package checker's "
-                          "options, one per line (rcp-bypass, seed-checker-bypass)")]
-  paths = [str(f) for f in bench.files]
-  if "seed-checker-bypass" not in params:
-    seeds = tools.call(official._tool_seeds, paths, tool_rs)
-    if seeds.error or not seeds.value:
-      why = seeds.error or "; ".join(m.split(" - ", 1)[-1] for m in seeds.messages
-                                     if m.startswith("ERROR"))
-      out.append(Finding("seeds", Severity.FAIL, f"seed checker failed: {why}"))
+    return Plan(out + [Finding("params", Severity.FAIL, f"{e}; it lists the package checker's "
+                               "options, one per line (rcp-bypass, seed-checker-bypass)")])
+  if "seed-checker-bypass" not in params and (errors := rcp_lib.seed_errors(logs)):
+    out.append(Finding("seeds", Severity.FAIL, "seed checker failed: " + "; ".join(errors),
+                       rule=RANDOM_NUMBERS))
   rule = rules_lib.find(bench.benchmark, ruleset)
   if rule is not None and not rule.official:
     out.append(Finding("rcp", Severity.INFO, f"not checked: the {ruleset} rules have no "
                        "reference convergence points"))
   elif bench.benchmark != "minigo":
-    out += _rcp(bench, usage, tool_rs, "rcp-bypass" in params, tools)
-  return out
+    return Plan(out, (logs, usage, tool_rs, "rcp-bypass" in params))
+  return Plan(out)
 
 
-def _rcp(bench: BenchmarkDir, usage: str, ruleset: str, bypass: bool,
-         tools: official.Isolated) -> list[Finding]:
-  return [rcp_finding(official.rcp(tools, bench.files, usage, ruleset, bypass))]
+def run(plans: list[Plan], tools: official.Isolated) -> list[list[Finding]]:
+  """Each plan's findings, its RCP check made: those of all folders at once."""
+  rcps = iter(rcp_lib.rcps(tools, [p.rcp for p in plans if p.rcp]))
+  return [p.out + ([rcp_finding(next(rcps))] if p.rcp else []) for p in plans]
+
+
+def findings(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str,
+             tools: official.Isolated, files: list[FileReport],
+             logs: list[ResultLog] | None = None) -> list[Finding]:
+  """The package checks of one benchmark folder (`plan` and `run` for one)."""
+  logs = logs if logs is not None else [ResultLog.read(f) for f in bench.files]
+  return run([plan(bench, ruleset, division, usage, files, logs)], tools)[0]
 
 
 def rcp_finding(result: official.Outcome) -> Finding:

@@ -154,7 +154,7 @@ def validate(path: Path, *, ruleset: str | None = None, usage: str = "training",
     items = [(p, log, rs) for _, rs, how, logs in folders if isinstance(how, str)
              for p, log in logs]
     verdicts = iter(_official(items, usage, tools, progress))
-    benchmarks, systems = [], []
+    benchmarks, systems, plans = [], [], []
     for bench, rs, how, logs in folders:
       if isinstance(how, Finding):
         benchmarks.append(BenchmarkReport(bench, rs, "not judged", [], [how]))
@@ -163,12 +163,16 @@ def validate(path: Path, *, ruleset: str | None = None, usage: str = "training",
       division = (desc or {}).get("division")
       files = _file_reports(logs, [next(verdicts) for _ in logs], rs, division, desc,
                             bench.system, tolerance_ms)
-      findings = package_lib.findings(bench, rs, division or _division(logs), usage, tools, files)
+      plans.append(package_lib.plan(bench, rs, division or _division(logs), usage, files,
+                                    [log for _, log in logs]))
       if desc is not None and "division" not in desc:  # The package checker reads it first.
-        findings.insert(0, Finding("system", Severity.FAIL, f"{bench.system}.json has no "
-                                   "division; the official package checker stops on it",
-                                   rule=package_lib.SUBMISSION_LAYOUT))
-      benchmarks.append(BenchmarkReport(bench, rs, how, files, findings))
+        plans[-1].out.insert(0, Finding("system", Severity.FAIL, f"{bench.system}.json has no "
+                                        "division; the official package checker stops on it",
+                                        rule=package_lib.SUBMISSION_LAYOUT))
+      benchmarks.append(BenchmarkReport(bench, rs, how, files, []))
+    judged = [b for b in benchmarks if b.how != "not judged"]
+    for report, findings in zip(judged, package_lib.run(plans, tools)):
+      report.findings = findings
     for package, rs, used in _packages(target, folders):
       systems += package_lib.systems(package, rs, usage, used, tools,
                                    only_used=target.kind == "benchmark")

@@ -81,10 +81,12 @@ def test_a_file_without_newlines_is_read_in_bounded_memory(tmp_path):
 
 
 def test_timestamps_a_jump_back_fails_only_in_the_timed_region(tmp_path):
-  log = _log(tmp_path, [(1000, "a", 1, {}), (0, "submission_org", "x", {}), (998, "b", 1, {}),
-                        (-1, "cache_clear", 1, {}), (200, "c", 1, {}),  # set-up: 798 ms back
-                        (2000, "run_start", None, {}), (500, "d", 1, {}),
-                        (3000, "run_stop", None, {"status": "success"}), (900, "e", 1, {})])
+  t = 1_746_133_159_000  # 2025; 0 and a time in seconds are no timestamps
+  log = _log(tmp_path, [(t + 1000, "a", 1, {}), (0, "submission_org", "x", {}),
+                        (t + 998, "b", 1, {}), (1_746_133_159, "cache_clear", 1, {}),
+                        (t + 200, "c", 1, {}),  # set-up: 798 ms back
+                        (t + 2000, "run_start", None, {}), (t + 500, "d", 1, {}),
+                        (t + 3000, "run_stop", None, {"status": "success"}), (t + 900, "e", 1, {})])
   found = checks.timestamps(log, tolerance_ms=100)
   assert [f.severity for f in found] == [Severity.WARN, Severity.FAIL, Severity.WARN,
                                          Severity.WARN]
