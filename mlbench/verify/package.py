@@ -108,16 +108,16 @@ def _blocked(files: list[FileReport]) -> str | None:
 
 
 @dataclasses.dataclass
-class Plan:
+class Pending:
   """One benchmark folder's package checks: what is known without the official RCP
-  checker, and the call to make of it (None: not made)."""
+  checker, and the call to make of it (None: not made). (Not `Plan`: that is a run's.)"""
 
   out: list[Finding]
   rcp: tuple | None = None  # (logs, usage, ruleset, bypass) for rcp.rcps
 
 
 def plan(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str,
-         files: list[FileReport], logs: list[ResultLog]) -> Plan:
+         files: list[FileReport], logs: list[ResultLog]) -> Pending:
   """The package checks of one benchmark folder, its logs already judged (`files`)."""
   out = _allowed(bench, ruleset, usage)
   expected = _expected_runs(bench, ruleset)
@@ -126,14 +126,15 @@ def plan(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str,
                        f"rules want exactly {expected}"))
   tool_rs = rules_lib.checker_ruleset(bench.benchmark, ruleset)
   if division != "closed" or tool_rs not in official.RULESETS_WITH_PACKAGE_CHECKS or out:
-    return Plan(out)
+    return Pending(out)
   if why := _blocked(files):
-    return Plan(out + [Finding("seeds", Severity.FAIL, f"seed and RCP checkers {why}")])
+    return Pending(out + [Finding("seeds", Severity.FAIL, f"seed and RCP checkers {why}")])
   try:
     params = _params(bench)
   except UserError as e:
-    return Plan(out + [Finding("params", Severity.FAIL, f"{e}; it lists the package checker's "
-                               "options, one per line (rcp-bypass, seed-checker-bypass)")])
+    return Pending(out + [Finding("params", Severity.FAIL, f"{e}; it lists the package "
+                                  "checker's options, one per line (rcp-bypass, "
+                                  "seed-checker-bypass)")])
   if "seed-checker-bypass" not in params and (errors := rcp_lib.seed_errors(logs)):
     out.append(Finding("seeds", Severity.FAIL, "seed checker failed: " + "; ".join(errors),
                        rule=RANDOM_NUMBERS))
@@ -142,11 +143,11 @@ def plan(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str,
     out.append(Finding("rcp", Severity.INFO, f"not checked: the {ruleset} rules have no "
                        "reference convergence points"))
   elif bench.benchmark != "minigo":
-    return Plan(out, (logs, usage, tool_rs, "rcp-bypass" in params))
-  return Plan(out)
+    return Pending(out, (logs, usage, tool_rs, "rcp-bypass" in params))
+  return Pending(out)
 
 
-def run(plans: list[Plan], tools: official.Isolated) -> list[list[Finding]]:
+def run(plans: list[Pending], tools: official.Isolated) -> list[list[Finding]]:
   """Each plan's findings, its RCP check made: those of all folders at once."""
   rcps = iter(rcp_lib.rcps(tools, [p.rcp for p in plans if p.rcp]))
   return [p.out + ([rcp_finding(next(rcps))] if p.rcp else []) for p in plans]
