@@ -25,7 +25,8 @@ from mlbench.cli import output
               help="Seconds the official checker may take on one log (and each other official "
                    "tool on one input); a log it runs out of fails, naming the line it was on.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), envvar="MLBENCH_JOBS",
-              help="Logs checked at once by the official checker.  [default: one per core]")
+              help="Logs checked at once by the official checker.  [default: one per core "
+                   "and per 20 logs]")
 @click.option("--tolerance-ms", type=click.FloatRange(min=0), default=1000.0, show_default=True,
               help="Steps back in time up to this many ms are clock skew, not a broken order.")
 @click.option("--strict", is_flag=True, envvar="MLBENCH_STRICT",
@@ -95,14 +96,20 @@ def _rel(path: Path, root: Path) -> str:
     return str(path)
 
 
+MAX_ROWS = 40  # a longer table of logs lists the failing ones only: the rest are in --json
+
+
 def _files_table(report, files, console) -> None:
   from rich.table import Table
 
   root = report.target.path if report.target.path.is_dir() else report.target.path.parent
-  table = Table(title="result logs", title_justify="left")
+  shown = files if len(files) <= MAX_ROWS else [f for f in files if f.fails(report.strict)]
+  more = len(files) - len(shown)
+  table = Table(title="result logs", title_justify="left",
+                caption=f"and {more} passing logs (--json lists them)" if more else None)
   for col in ("file", "benchmark", "ruleset", "checker", "mlbench", "problem", "line"):
     table.add_column(col, overflow="fold")
-  for f in files:
+  for f in shown:
     first = f.first_problem(report.strict)
     mine = [x for x in f.findings if x.severity.value == "FAIL"]
     warns = [x for x in f.findings if x.severity.value == "WARN"]

@@ -16,6 +16,7 @@ The functions named `_tool_*` run inside the workers.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import logging
 import multiprocessing
@@ -249,10 +250,30 @@ class Isolated:
     return self.map(fn, [args])[0]
 
 
+class _ParsedOnce:
+  """The compliance checker's `yaml` module, whose load() parses each rule file once per
+  worker: the checker reads its three or four YAML files again for every log, three
+  quarters of its time (10 v5.0 logs: 0.65 s of 0.85 s). The same parse, a copy each use."""
+
+  def __init__(self, yaml: Any):
+    self._yaml, self._parsed = yaml, {}
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(self._yaml, name)
+
+  def load(self, f: Any, Loader: Any) -> Any:  # noqa: N803 - yaml.load's own keyword
+    key = (f.name, os.fstat(f.fileno()).st_mtime_ns, Loader)
+    if key not in self._parsed:
+      self._parsed[key] = self._yaml.load(f, Loader=Loader)
+    return copy.deepcopy(self._parsed[key])
+
+
 def _silence_checker_globals() -> None:
   from mlperf_logging.compliance_checker import mlp_compliance
 
   mlp_compliance.enqueued_configs.clear()  # Left over by an earlier crash in this worker.
+  if not isinstance(mlp_compliance.yaml, _ParsedOnce):
+    mlp_compliance.yaml = _ParsedOnce(mlp_compliance.yaml)
 
 
 def _tool_compliance(path: str, usage: str, ruleset: str, config: str | None) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from mlbench.verify.rounds import detect_ruleset
 from mlbench.verify.submission import Target, find, groups
 
 Progress = Callable[[int, int], None]  # (logs the official checker is done with, all logs)
+LOGS_PER_WORKER = 20
 
 
 _CHECK_FAILED = re.compile(r"CHECK for '([^']+)' failed in line (\d+):\n(.*)\nfailed test: (.*)")
@@ -141,11 +142,15 @@ def validate(path: Path, *, ruleset: str | None = None, usage: str = "training",
     timeout_s: the time the official checker may take on one log (and each other
       official tool on one input); a log it runs out of fails.
     strict: the exit code follows the strict verdict (warnings fail too).
-    processes: worker processes for the official tools; default: one per core.
+    processes: worker processes for the official tools; default: one per core, and
+      one per LOGS_PER_WORKER logs.
     progress: called with (logs checked, logs in all) as the official checker ends on each.
   """
   target = find(Path(path))
-  with official.sigterm_raises(), official.Isolated(processes or _cores(), timeout_s) as tools:
+  # A worker costs a process and its imports: one per LOGS_PER_WORKER logs, up to a core each.
+  logs = sum(len(b.files) for b in target.benchmarks)
+  workers = processes or max(1, min(_cores(), logs // LOGS_PER_WORKER))
+  with official.sigterm_raises(), official.Isolated(workers, timeout_s) as tools:
     if target.kind == "log":
       report = _validate_one_log(target, ruleset, usage, tools, tolerance_ms, progress)
       report.strict = strict
@@ -218,7 +223,8 @@ def _packages(target: Target, folders: list[_Folder]) -> list[tuple[Path, str, s
   out: dict[Path, tuple[str, set[str]]] = {}
   for bench, rs, how, _ in folders:
     system_file = _system_file(target, bench)
-    if system_file is not None and isinstance(how, str):
+    # A folder the package checker skips still has its system description read first.
+    if system_file is not None and (isinstance(how, str) or how.severity is Severity.WARN):
       first = out.setdefault(system_file.parent.parent,
                              (rules_lib.checker_ruleset(bench.benchmark, rs), set()))
       first[1].add(bench.system)
