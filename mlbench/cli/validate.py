@@ -134,7 +134,9 @@ def _print(report, console) -> None:
     for finding in report.files[0].checker_findings + report.files[0].findings:
       if finding.severity.value != "INFO" or finding.check in ("eval schedule", "resumed"):
         console.print(f"  {finding.severity.value} {finding.check}: {finding.message}"
-                      + (f" (line {finding.lineno})" if finding.lineno else ""), highlight=False)
+                      + (f" (line {finding.lineno})" if finding.lineno else "")
+                      + (f" [{finding.rule}]" if finding.rule else ""),
+                      highlight=False, markup=False)
   if report.benchmarks:
     _files_table(report, [f for b in report.benchmarks for f in b.files], console)
     table = Table(title="benchmarks (olympic scoring)", title_justify="left")
