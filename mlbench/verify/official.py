@@ -183,6 +183,8 @@ class Isolated:
     self._processes = max(1, processes)
     self._timeout = timeout_s
     self._idle: list[_Worker] = []
+    self._busy: list[_Worker] = []
+    self._closed = False
     self._ctx = multiprocessing.get_context("spawn")  # nothing of the caller's JAX/TF state
 
   def __enter__(self) -> Isolated:
@@ -192,7 +194,10 @@ class Isolated:
     self.close()
 
   def close(self) -> None:
-    for w in self._idle:
+    """Kills every worker, a busy one too (a `map` in another thread then ends, its calls
+    not made failing)."""
+    self._closed = True
+    for w in self._idle + self._busy:
       w.kill()
     self._idle = []
 
@@ -201,9 +206,9 @@ class Isolated:
     """`fn(*args)` for every args tuple, results in order; `on_done(i)` as each ends;
     `at_once`: at most that many calls at a time (0: one per worker)."""
     out: list[Outcome | None] = [None] * len(calls)
-    todo, busy = list(range(len(calls)))[::-1], []
+    todo, busy = list(range(len(calls)))[::-1], self._busy
     try:
-      while todo or busy:
+      while (todo or busy) and not self._closed:
         while todo and len(busy) < (at_once or self._processes):
           w = self._idle.pop() if self._idle else _Worker(self._ctx)
           i = todo.pop()
@@ -221,7 +226,8 @@ class Isolated:
     finally:
       for w in busy:
         w.kill()
-    return out  # type: ignore[return-value]
+      busy.clear()
+    return [o or Outcome(error="not run: stopped") for o in out]
 
   def _wait(self, busy: list[_Worker]) -> list[tuple[_Worker, Outcome, bool]]:
     """Waits for calls to end, crash or run out of time; returns those that did, each

@@ -114,11 +114,13 @@ class Pending:
 
   out: list[Finding]
   rcp: tuple | None = None  # (logs, usage, ruleset, bypass) for rcp.rcps
+  tools_from: int | None = None  # where the seed and RCP findings start in `out`, if made
 
 
 def plan(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str,
-         files: list[FileReport], logs: list[ResultLog]) -> Pending:
-  """The package checks of one benchmark folder, its logs already judged (`files`)."""
+         logs: list[ResultLog]) -> Pending:
+  """The package checks of one benchmark folder, from its logs alone (`finish` adds what
+  the official checker's verdicts on them change)."""
   out = _allowed(bench, ruleset, usage)
   expected = _expected_runs(bench, ruleset)
   if expected is not None and len(bench.files) != expected:
@@ -127,14 +129,13 @@ def plan(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str,
   tool_rs = rules_lib.checker_ruleset(bench.benchmark, ruleset)
   if division != "closed" or tool_rs not in official.RULESETS_WITH_PACKAGE_CHECKS or out:
     return Pending(out)
-  if why := _blocked(files):
-    return Pending(out + [Finding("seeds", Severity.FAIL, f"seed and RCP checkers {why}")])
   try:
     params = _params(bench)
   except UserError as e:
     return Pending(out + [Finding("params", Severity.FAIL, f"{e}; it lists the package "
                                   "checker's options, one per line (rcp-bypass, "
                                   "seed-checker-bypass)")])
+  todo = Pending(out, tools_from=len(out))
   if "seed-checker-bypass" not in params and (errors := rcp_lib.seed_errors(logs)):
     out.append(Finding("seeds", Severity.FAIL, "seed checker failed: " + "; ".join(errors),
                        rule=RANDOM_NUMBERS))
@@ -143,22 +144,28 @@ def plan(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str,
     out.append(Finding("rcp", Severity.INFO, f"not checked: the {ruleset} rules have no "
                        "reference convergence points"))
   elif bench.benchmark != "minigo":
-    return Pending(out, (logs, usage, tool_rs, "rcp-bypass" in params))
-  return Pending(out)
+    todo.rcp = (logs, usage, tool_rs, "rcp-bypass" in params)
+  return todo
 
 
-def run(plans: list[Pending], tools: official.Isolated) -> list[list[Finding]]:
-  """Each plan's findings, its RCP check made: those of all folders at once."""
-  rcps = iter(rcp_lib.rcps(tools, [p.rcp for p in plans if p.rcp]))
-  return [p.out + ([rcp_finding(next(rcps))] if p.rcp else []) for p in plans]
+def finish(pending: Pending, files: list[FileReport], rcp: official.Outcome | None
+           ) -> list[Finding]:
+  """A folder's package findings, given the official checker's verdict on each log
+  (`files`) and the RCP checker's outcome (None where not asked for)."""
+  if pending.tools_from is not None and (why := _blocked(files)):
+    return pending.out[:pending.tools_from] + [
+        Finding("seeds", Severity.FAIL, f"seed and RCP checkers {why}")]
+  return pending.out + ([rcp_finding(rcp)] if pending.rcp and rcp is not None else [])
 
 
 def findings(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str,
              tools: official.Isolated, files: list[FileReport],
              logs: list[ResultLog] | None = None) -> list[Finding]:
-  """The package checks of one benchmark folder (`plan` and `run` for one)."""
+  """The package checks of one benchmark folder (`plan` and `finish` for one)."""
   logs = logs if logs is not None else [ResultLog.read(f) for f in bench.files]
-  return run([plan(bench, ruleset, division, usage, files, logs)], tools)[0]
+  todo = plan(bench, ruleset, division, usage, logs)
+  rcp = rcp_lib.rcps(tools, [todo.rcp])[0] if todo.rcp else None
+  return finish(todo, files, rcp)
 
 
 def rcp_finding(result: official.Outcome) -> Finding:

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mlbench import compliance, rules as rules_lib
-from mlbench.verify import checks, official, package as package_lib, screen
+from mlbench.verify import checks, official, package as package_lib, rcp as rcp_lib, screen
 from mlbench.verify.checks import Finding, Severity
 from mlbench.verify.report import BenchmarkReport, FileReport, Report
 from mlbench.resultlog import ResultLog
@@ -148,40 +149,75 @@ def validate(path: Path, *, ruleset: str | None = None, usage: str = "training",
   """
   target = find(Path(path))
   # A worker costs a process and its imports: one per LOGS_PER_WORKER logs, up to a core each.
-  logs = sum(len(b.files) for b in target.benchmarks)
-  workers = processes or max(1, min(_cores(), logs // LOGS_PER_WORKER))
-  with official.sigterm_raises(), official.Isolated(workers, timeout_s) as tools:
+  n_logs = sum(len(b.files) for b in target.benchmarks)
+  workers = processes or max(1, min(_cores(), n_logs // LOGS_PER_WORKER))
+  with official.sigterm_raises(), official.Isolated(workers, timeout_s) as tools, \
+      official.Isolated(1, timeout_s) as rcp_tools:
     if target.kind == "log":
       report = _validate_one_log(target, ruleset, usage, tools, tolerance_ms, progress)
       report.strict = strict
       return report
     folders = _read_folders(target, ruleset, usage)
-    items = [(p, log, rs) for _, rs, how, logs in folders if isinstance(how, str)
-             for p, log in logs]
-    verdicts = iter(_official(items, usage, tools, progress))
-    benchmarks, systems, plans = [], [], []
-    for bench, rs, how, logs in folders:
-      if isinstance(how, Finding):
-        benchmarks.append(BenchmarkReport(bench, rs, "not judged", [], [how]))
-        continue
-      desc, _ = package_lib.load_system(_system_file(target, bench))
-      division = (desc or {}).get("division")
+    judged = [(f, _describe(target, f)) for f in folders if isinstance(f[2], str)]
+    plans = [package_lib.plan(b, rs, div or _division(logs), usage, [log for _, log in logs])
+             for (b, rs, _, logs), (_, div) in judged]
+    # The RCP checker (its scipy import takes seconds) and the system-description checker
+    # run beside the compliance checker.
+    rcps = _in_background(lambda: (rcp_lib.rcps(rcp_tools, [p.rcp for p in plans if p.rcp]),
+                                   _systems(target, folders, usage, rcp_tools)))
+    verdicts = iter(_official([(p, log, rs) for (_, rs, _, logs), _ in judged for p, log in logs],
+                              usage, tools, progress))
+    outcomes, systems = rcps()
+    rcp_outcomes = iter(outcomes)
+    reports = {b.folder: BenchmarkReport(b, rs, "not judged", [], [how])
+               for b, rs, how, _ in folders if not isinstance(how, str)}
+    for ((bench, rs, how, logs), (desc, division)), todo in zip(judged, plans):
       files = _file_reports(logs, [next(verdicts) for _ in logs], rs, division, desc,
                             bench.system, tolerance_ms)
-      plans.append(package_lib.plan(bench, rs, division or _division(logs), usage, files,
-                                    [log for _, log in logs]))
+      found = package_lib.finish(todo, files, next(rcp_outcomes) if todo.rcp else None)
       if desc is not None and "division" not in desc:  # The package checker reads it first.
-        plans[-1].out.insert(0, Finding("system", Severity.FAIL, f"{bench.system}.json has no "
-                                        "division; the official package checker stops on it",
-                                        rule=package_lib.SUBMISSION_LAYOUT))
-      benchmarks.append(BenchmarkReport(bench, rs, how, files, []))
-    judged = [b for b in benchmarks if b.how != "not judged"]
-    for report, findings in zip(judged, package_lib.run(plans, tools)):
-      report.findings = findings
-    for package, rs, used in _packages(target, folders):
-      systems += package_lib.systems(package, rs, usage, used, tools,
-                                   only_used=target.kind == "benchmark")
+        found.insert(0, Finding("system", Severity.FAIL, f"{bench.system}.json has no "
+                                "division; the official package checker stops on it",
+                                rule=package_lib.SUBMISSION_LAYOUT))
+      reports[bench.folder] = BenchmarkReport(bench, rs, how, files, found)
+    benchmarks = [reports[f[0].folder] for f in folders]
   return Report(target, [], benchmarks, systems, strict)
+
+
+def _systems(target: Target, folders: list[_Folder], usage: str,
+             tools: official.Isolated) -> list[tuple[Path, list[Finding]]]:
+  """Each package's system descriptions, judged."""
+  return [found for package, rs, used in _packages(target, folders)
+          for found in package_lib.systems(package, rs, usage, used, tools,
+                                           only_used=target.kind == "benchmark")]
+
+
+def _describe(target: Target, folder: _Folder) -> tuple[dict[str, Any] | None, str | None]:
+  """A benchmark folder's system description and division (None where unknown)."""
+  desc, _ = package_lib.load_system(_system_file(target, folder[0]))
+  return desc, (desc or {}).get("division")
+
+
+def _in_background(fn: Callable[[], Any]) -> Callable[[], Any]:
+  """Starts `fn` in a thread; the function returned waits for its result (or raises its
+  exception). A thread: the workers it waits on do the work."""
+  box: dict[str, Any] = {}
+
+  def target() -> None:
+    try:
+      box["value"] = fn()
+    except BaseException as e:  # noqa: BLE001 - handed to the caller
+      box["error"] = e
+
+  thread = threading.Thread(target=target, daemon=True)
+  thread.start()
+
+  def result() -> Any:
+    thread.join()
+    if "error" in box:
+      raise box["error"]
+    return box["value"]
+  return result
 
 
 def _system_file(target: Target, bench: Any) -> Path | None:
