@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import importlib
 import logging
 import multiprocessing
 import os
@@ -298,6 +299,12 @@ def _tool_seeds(files: list[str], ruleset: str) -> bool:
   from mlperf_logging.package_checker.seed_checker import SeedChecker
 
   return bool(SeedChecker(ruleset).check_seeds(files))
+
+
+def _tool_import(*modules: str) -> None:
+  """Imports modules in a worker ahead of the calls that need them."""
+  for name in modules:
+    importlib.import_module(name)
 
 
 def _tool_system(path: str, usage: str, ruleset: str) -> bool:

@@ -29,6 +29,8 @@ from mlbench.verify.submission import Target, find, groups
 
 Progress = Callable[[int, int], None]  # (logs the official checker is done with, all logs)
 LOGS_PER_WORKER = 20
+RCP_MODULES = ("mlperf_logging.rcp_checker.rcp_checker",
+               "mlperf_logging.system_desc_checker.system_desc_checker")
 
 
 _CHECK_FAILED = re.compile(r"CHECK for '([^']+)' failed in line (\d+):\n(.*)\nfailed test: (.*)")
@@ -157,14 +159,16 @@ def validate(path: Path, *, ruleset: str | None = None, usage: str = "training",
       report = _validate_one_log(target, ruleset, usage, tools, tolerance_ms, progress)
       report.strict = strict
       return report
+    # The RCP checker's worker starts and imports it (scipy: seconds) while the logs are read.
+    warm = _in_background(lambda: rcp_tools.call(official._tool_import, *RCP_MODULES))
     folders = _read_folders(target, ruleset, usage)
     judged = [(f, _describe(target, f)) for f in folders if isinstance(f[2], str)]
     plans = [package_lib.plan(b, rs, div or _division(logs), usage, [log for _, log in logs])
              for (b, rs, _, logs), (_, div) in judged]
     # The RCP checker (its scipy import takes seconds) and the system-description checker
     # run beside the compliance checker.
-    rcps = _in_background(lambda: (rcp_lib.rcps(rcp_tools, [p.rcp for p in plans if p.rcp]),
-                                   _systems(target, folders, usage, rcp_tools)))
+    rcps = _in_background(lambda: (warm(), rcp_lib.rcps(rcp_tools, [p.rcp for p in plans if p.rcp]),
+                                   _systems(target, folders, usage, rcp_tools))[1:])
     verdicts = iter(_official([(p, log, rs) for (_, rs, _, logs), _ in judged for p, log in logs],
                               usage, tools, progress))
     outcomes, systems = rcps()
