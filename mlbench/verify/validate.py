@@ -159,8 +159,11 @@ def validate(path: Path, *, ruleset: str | None = None, usage: str = "training",
       report = _validate_one_log(target, ruleset, usage, tools, tolerance_ms, progress)
       report.strict = strict
       return report
-    # The RCP checker's worker starts and imports it (scipy: seconds) while the logs are read.
-    warm = _in_background(lambda: rcp_tools.call(official._tool_import, *RCP_MODULES))
+    # The RCP checker's worker starts and imports it (scipy: seconds) while the logs are read;
+    # not for a ruleset without package checks (0.6.0, 0.7.0), which needs neither.
+    needs = ruleset is None or ruleset == rules_lib.MINI or \
+        ruleset in official.RULESETS_WITH_PACKAGE_CHECKS
+    warm = _in_background(lambda: needs and rcp_tools.call(official._tool_import, *RCP_MODULES))
     folders = _read_folders(target, ruleset, usage)
     judged = [(f, _describe(target, f)) for f in folders if isinstance(f[2], str)]
     plans = [package_lib.plan(b, rs, div or _division(logs), usage, [log for _, log in logs])
