@@ -18,7 +18,6 @@ from typing import Any
 from mlbench import rules as rules_lib
 from mlbench.resultlog import OFFLINE_EVAL, Line, ResultLog, year
 
-
 MAX_QUOTE = 500
 # The written rules a FAIL cites: mlcommons/training_policies training_rules.adoc (read at
 # d73e20f, 2026-05-14) by section, or the official tool that fails the same.
@@ -27,11 +26,9 @@ QUALITY_MEASURE = "training_rules.adoc, Quality measure"
 RANDOM_NUMBERS = ("training_rules.adoc, Random numbers (enforced by the package checker's "
                   "seed checker for closed >= 1.0.0)")
 REQUIRED_KEYS = "mlperf_logging compliance_checker training_<ruleset>/common.yaml"
-# Evaluation events a benchmark in OFFLINE_EVAL logs after training, later than run_stop.
+# What a benchmark in OFFLINE_EVAL logs after training, later than run_stop.
 _EVAL_KEYS = frozenset({"eval_start", "eval_stop", "eval_accuracy", "eval_error"})
-# No millisecond time of an MLPerf run: before 2001-09-09 (v0.7 Intel's minigo logs some
-# lines of its C++ evaluator in seconds).
-MIN_MS = 1e12
+MIN_MS = 1e12  # before 2001: no ms time of a run (v0.7 Intel minigo's evaluator logs seconds)
 
 
 class Severity(enum.Enum):
@@ -71,18 +68,19 @@ def parse_errors(log: ResultLog) -> list[Finding]:
 
 
 def timestamps(log: ResultLog, tolerance_ms: float = 1000.0) -> list[Finding]:
-  """time_ms never goes back within the timed region.
+  """The timed region holds the run's events, and time_ms does not go back.
 
-  The timed region runs from the run_start to the run_stop result_summarizer times
-  (file order). A step back there of more than `tolerance_ms` (the clock skew between
-  the ranks of a multi-process job) fails: the run's time is one contiguous wall-clock
-  measurement (training_rules.adoc, Run Results). Elsewhere (set-up before run_start,
-  lines after run_stop) it is a warning: no score depends on those times. Set aside:
-  lines without a time (0, as in lines added to published logs after the run, or one
-  in seconds),
-  verbatim repeats (`repeats`), and where a benchmark's reference evaluates timestamped
-  checkpoints after training (`OFFLINE_EVAL`), its evaluations and run_stop, which
-  carries the passing checkpoint's time (training_rules.adoc, Quality measure).
+  The timed region runs from the run_start to the run_stop result_summarizer times the
+  run by (file order). An event there timed before run_start by more than `tolerance_ms`
+  (the clock skew between the ranks of a multi-process job) fails: the clock started after
+  the run had begun (training_rules.adoc, Run Results: "The clock must start before any
+  part of the system touches the dataset"); no published log has one. Warnings: one timed
+  after run_stop (published logs have them: HugeCTR's tracked_stats, Habana's v1.0 BERT
+  blocks), a step back anywhere (no score depends on it). Set aside: lines without a time
+  (0, or seconds), verbatim repeats (`repeats`), and for a benchmark whose reference
+  evaluates timestamped checkpoints after training (`OFFLINE_EVAL`) its evaluations and
+  run_stop, which carries the passing checkpoint's time (training_rules.adoc, Quality
+  measure).
   """
   out = []
   if (odd := log.not_ms()) is not None:
@@ -98,30 +96,43 @@ def timestamps(log: ResultLog, tolerance_ms: float = 1000.0) -> list[Finding]:
   offline = log.benchmark in OFFLINE_EVAL
   timed = [ln for ln in log.lines if ln.time_ms >= MIN_MS and ln.repeat_of is None and not (
       offline and (ln.key in _EVAL_KEYS or ln.key == "run_stop"))]
-  start, stop = log.timed_region()
-  small, outside = [], []
-  for prev, cur in zip(timed, timed[1:]):
-    back = prev.time_ms - cur.time_ms
-    if back > tolerance_ms:
-      if start is not None and start.lineno <= prev.lineno and cur.lineno <= stop.lineno:
-        out.append(_at("timestamps", Severity.FAIL, f"time goes back {back:.0f} ms from line "
-                       f"{prev.lineno} ({prev.key}) to {cur.key}, between run_start (line "
-                       f"{start.lineno}) and run_stop: the time to train is no one wall-clock "
-                       "measurement", cur, RUN_RESULTS))
-      else:
-        outside.append((back, prev, cur))
-    elif back > 0:
-      small.append((back, cur))
-  if outside:
-    back, prev, cur = max(outside, key=lambda x: x[0])
-    out.append(_at("timestamps", Severity.WARN, f"time goes back {len(outside)} time(s) "
-                   f"outside the timed region, most by {back:.0f} ms from line {prev.lineno} "
-                   f"({prev.key}) to {cur.key}: no score depends on it, but a log's events "
-                   "should be in the order they happened", cur))
-  if small:
-    worst = max(small, key=lambda x: x[0])
+  out += _outside_the_clock(log, timed, tolerance_ms, offline)
+  steps = [(prev.time_ms - cur.time_ms, prev, cur) for prev, cur in zip(timed, timed[1:])]
+  if skipped := [s for s in steps if s[0] > tolerance_ms]:
+    back, prev, cur = max(skipped, key=lambda x: x[0])
+    out.append(_at("timestamps", Severity.WARN, f"time goes back {len(skipped)} time(s), most "
+                   f"by {back:.0f} ms from line {prev.lineno} ({prev.key}) to {cur.key}: the "
+                   "events are not in the order they happened (the time to train is run_stop "
+                   "- run_start, which this does not change)", cur))
+  if small := [s for s in steps if 0 < s[0] <= tolerance_ms]:
+    back, _, cur = max(small, key=lambda x: x[0])
     out.append(_at("timestamps", Severity.WARN, f"time goes back {len(small)} time(s), by at "
-                   f"most {worst[0]:.0f} ms (within {tolerance_ms:.0f} ms: clock skew)", worst[1]))
+                   f"most {back:.0f} ms (within {tolerance_ms:.0f} ms: clock skew)", cur))
+  return out
+
+
+def _outside_the_clock(log: ResultLog, timed: list[Line], tolerance_ms: float,
+                       offline: bool) -> list[Finding]:
+  """Events of the timed region timed before its run_start (a FAIL) or after its run_stop."""
+  start, stop = log.timed_region()
+  if start is None:
+    return []
+  inside = [ln for ln in timed if start.lineno < ln.lineno < stop.lineno]
+  out = []
+  back, ln = max(((start.time_ms - ln.time_ms, ln) for ln in inside), default=(0.0, None),
+                 key=lambda x: x[0])
+  if back > tolerance_ms:
+    out.append(_at("timestamps", Severity.FAIL, f"line {ln.lineno} ({ln.key}), between "
+                   f"run_start (line {start.lineno}) and run_stop, is timed {back:.0f} ms "
+                   "before run_start: the clock started after the run had begun", ln,
+                   RUN_RESULTS))
+  late = [(ln.time_ms - stop.time_ms, ln) for ln in inside if not offline]
+  if after := [x for x in late if x[0] > tolerance_ms]:
+    ahead, ln = max(after, key=lambda x: x[0])
+    out.append(_at("timestamps", Severity.WARN, f"{len(after)} event(s) between run_start and "
+                   f"run_stop (line {stop.lineno}) are timed after it, most by {ahead:.0f} ms "
+                   f"(line {ln.lineno}, {ln.key}): the clock stopped before work the log shows; "
+                   "if that work led to the target, the time to train is too short", ln))
   return out
 
 
