@@ -8,7 +8,8 @@ reason. Only process 0 writes; on other processes `MLLog(None)` does nothing.
 
 A line that cannot be written (a full disk, a mount gone read-only) stops the run: the
 log is cut back to its last whole line, nothing more is written to it, and the write's
-fault is raised as `StorageFailed` (`mlbench.storage.faults`), never printed by `logging`.
+fault is raised as `StorageFailed` (`mlbench.storage.faults`), never printed by `logging`;
+an error of the handler that is no storage fault is raised as itself (a bug).
 """
 
 from __future__ import annotations
@@ -134,7 +135,10 @@ class MLLog:
     self._handler = None
     os.truncate(self._path, self._whole)  # Whole lines only: the torn one goes.
     error = self._file.error
-    raise (faults.diagnose(error, self._path) or faults.Fault(str(error), "")).stop() from None
+    fault = faults.diagnose(error, self._path)
+    if fault is None:
+      raise error  # No storage fault but a bug (for the crash report).
+    raise fault.stop() from None
 
   # -- structure of a run ---------------------------------------------------
   def cache_clear(self, cleared: bool, time_ms: int | None = None) -> None:

@@ -96,7 +96,9 @@ def plan_cmd(workload: str, config_name: str, overrides: tuple[str, ...], slices
       runs=runs or rule.runs, objective=plan_lib.Objective(objective),
       remat_hint=check.remat_hint(cfg))
   title = f"{workload} --config {name}, {table.source} RCPs, score of {result.runs} runs"
-  _print(result, table, compiler, console, title)
+  # The table is the command's output (`mlbench plan ... > plan.txt`); with --json the
+  # JSON is, and the table joins the notes on stderr.
+  _print(result, table, compiler, console, title, out=output.console(stderr=as_json))
   if plot_file is not None:
     _plot(result, plot_file, title)
     console.print(f"plot: {plot_file}", highlight=False)
@@ -132,7 +134,9 @@ def _unit(result: Any) -> tuple[str, float]:
   return ("s", 1.0) if times and max(times) < 120 else ("min", 60.0)
 
 
-def _print(result: Any, table: Any, compiler: Any, console: Any, title: str) -> None:
+def _print(result: Any, table: Any, compiler: Any, console: Any, title: str, *,
+           out: Any) -> None:
+  """The table and its legend to `out`, the notes to `console` (stderr)."""
   from rich.table import Table
 
   unit, per = _unit(result)
@@ -159,10 +163,10 @@ def _print(result: Any, table: Any, compiler: Any, console: Any, title: str) -> 
               "-" if look is None else _min(look.score_s),
               "-" if c.chip_hours is None else f"{c.chip_hours:,.1f}",
               c.convergence.how.removeprefix("RCP ").lower())
-  console.print(t)
-  console.print(f"rank by {result.objective.value} (the expected MLPerf score of "
-                f"{result.runs} runs, RCP normalisation included); * on the Pareto front of "
-                "time and chip-hours", highlight=False)
+  out.print(t)
+  out.print(f"rank by {result.objective.value} (the expected MLPerf score of "
+            f"{result.runs} runs, RCP normalisation included); * on the Pareto front of "
+            "time and chip-hours", highlight=False)
   for c in result.candidates:
     if not c.fits:
       console.print(f"{c.target.name} at batch {c.batch:,}: {c.fix}", highlight=False)

@@ -142,9 +142,19 @@ def _one(e: BaseException, where: str) -> Fault | None:
   return None
 
 
+def _storage_error(e: BaseException) -> bool:
+  """Whether `e` is an error storage raises: an OSError, or a storage client's own type."""
+  return isinstance(e, OSError) or type(e).__module__.split(".")[0] in _CLIENTS
+
+
 def diagnose(e: BaseException, where: Any) -> Fault | None:
-  """The storage fault behind `e`, a failed write to `where` (the error, or what caused it:
-  orbax raises its own errors from TensorStore's); None when it is not one (a bug)."""
+  """The storage fault `e` is, a failed write to `where`; None when it is not one (a bug).
+
+  Only what storage raises is a fault: an OSError, a client's own error (TensorStore's
+  status errors, google-cloud-storage's, gcsfs's), or a client's error raised from
+  another (`raise ... from`: the cause names the fault). Anything else is a bug, even one
+  raised while a storage error was being handled (its `__context__` is not followed).
+  """
   where = os.fspath(where)
   seen: set[int] = set()
   while e is not None and id(e) not in seen:
@@ -152,7 +162,9 @@ def diagnose(e: BaseException, where: Any) -> Fault | None:
     fault = _one(e, where)
     if fault is not None:
       return fault
-    e = e.__cause__ or e.__context__
+    if not _storage_error(e):
+      return None
+    e = e.__cause__
   return None
 
 

@@ -25,7 +25,7 @@ from mlbench.mllog import MLLog
 from mlbench.storage import faults, paths, results, writes
 from mlbench.storage import pending as pending_lib
 from mlbench.train import compile_cache, loop, runtime as runtime_lib, telemetry
-from mlbench.train.lifecycle import checkpoint, peers, resume, signals, space
+from mlbench.train.lifecycle import checkpoint, peers, refile, resume, signals, space
 from mlbench.train.lifecycle.filing import RunEnd
 from mlbench.train.lifecycle.lease import Lease
 from mlbench.train.lifecycle.runrecord import FINISHED_FILE, RUN_FILE, find_run, new_record
@@ -261,6 +261,9 @@ def _guarded_one(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch)
   try:
     if plan.runtime.is_leader and saver is not None and saver.resuming:
       _refuse_if_published(plan, saver)
+    if saver is not None and saver.resuming:  # Reached its target, not filed: file it.
+      if (kept := refile.file_kept(plan, saver, folder, run.seed, console)) is not None:
+        return Outcome(run.index, *kept)
     log, pending = _log(plan, run, saver)
     end = RunEnd(plan.workload.name, log, pending, folder, saver, lease, console)
     signals.on_timeout(end.cut_short)

@@ -2,8 +2,9 @@
 
 MLPerf layout: `<org>/systems/<system>.json` and
 `<org>/results/<system>/<benchmark>/result_<i>.txt` (an mlbench results folder
-is one). A path may be one log, one `<benchmark>` folder, a `results` folder,
-an `<org>` package, or a folder of packages (a round's results repository).
+is one). A path may be one log, one `<benchmark>` folder, one `<system>` folder (its
+benchmark folders), a `results` folder, an `<org>` package, or a folder of packages (a
+round's results repository).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class Target:
   """What validate or compare was pointed at."""
 
   path: Path
-  kind: str  # log | benchmark | results | package | packages
+  kind: str  # log | benchmark | system | results | package | packages
   log: Path | None = None
   benchmarks: tuple[BenchmarkDir, ...] = ()
   packages: tuple[Path, ...] = ()
@@ -103,6 +104,11 @@ def _classify(path: Path, kind: str) -> Target:
   if result_files(path):
     package = _package_of_results(path.parent.parent)
     return Target(path, "benchmark", benchmarks=(_benchmark_dir(path, package),))
+  benchmarks = [b for b in sorted(path.iterdir()) if b.is_dir()]
+  if any(result_files(b) for b in benchmarks):  # results/<system>: its benchmark folders
+    package = _package_of_results(path.parent)
+    return Target(path, "system", benchmarks=tuple(_benchmark_dir(b, package) for b in benchmarks),
+                  packages=(package,) if package else ())
   if (path / "results").is_dir():
     return Target(path, "package", benchmarks=_in_results(path / "results"), packages=(path,))
   packages = tuple(p for p in sorted(path.iterdir()) if p.is_dir() and (p / "results").is_dir())
@@ -115,7 +121,7 @@ def _classify(path: Path, kind: str) -> Target:
     return Target(path, "results", benchmarks=_in_results(path),
                   packages=(package,) if package else ())
   raise UserError(f"{path} holds no MLPerf result logs; give a log, a "
-                  "results/<system>/<benchmark> folder or a submission package "
+                  "results/<system>[/<benchmark>] folder or a submission package "
                   "(a folder with results/ and systems/)")
 
 

@@ -131,6 +131,19 @@ def test_outputs_are_written_once_and_never_overwritten(capsys, tmp_path):
   assert out["csv"].read_bytes() == before
 
 
+def test_a_system_folder_compares_its_benchmarks_as_its_package_does(entries, capsys):
+  """results/<system>, e.g. Google's results/tpu-v3-8192-JAX: each benchmark folder in it,
+  scored as in the whole package (its system description found beside results/)."""
+  system = DATA / "v0.7/Google/results/tpu-v3-8192-JAX"
+  got = {e.bench.benchmark: e for e in compare.compare([system])}
+  want = {e.bench.benchmark: e for e in entries if e.bench.system == "tpu-v3-8192-JAX"}
+  assert set(got) == set(want) == {"bert", "resnet", "transformer"}
+  for bench, e in got.items():
+    assert e.score == want[bench].score and e.gbs == want[bench].gbs, bench
+  assert main(["compare", str(system)]) == 0
+  assert "tpu-v3-8192-JAX" in capsys.readouterr().err
+
+
 def test_a_single_log_is_not_a_submission(capsys):
   log = DATA / "v4.0/Dell/results/XE9680x8H100-SXM-80GB/resnet/result_0.txt"
   assert main(["compare", str(log)]) == 2

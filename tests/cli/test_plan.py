@@ -57,6 +57,17 @@ def test_a_plan_from_the_calibration_compiles_ranks_v4_slices(capsys, tmp_path):
   assert "exists" in capsys.readouterr().err
 
 
+def test_the_table_is_the_output_the_notes_go_to_stderr(capsys):
+  """`mlbench plan ... > plan.txt` keeps the table (it printed on stderr: an empty file)."""
+  assert main(["plan", "resnet50", "--costs", "calibration", "--slices", "v4-512,v4-2048",
+               "--batches", "8192"]) == 0
+  out = capsys.readouterr()
+  table = [line for line in out.out.splitlines() if "v4-" in line]
+  assert len(table) == 2 and all("8,192" in line for line in table), out.out
+  assert "rank by time" in out.out and "median" in out.out
+  assert "v4-512" not in out.err and "steps to converge: " in out.err  # the notes
+
+
 @pytest.mark.slow  # three compiles of the mini ResNet-50 for a TPU v4 slice (about a minute)
 def test_one_compile_per_per_device_batch_then_none_from_the_cache(mlbench, tmp_path):
   pytest.importorskip("libtpu")

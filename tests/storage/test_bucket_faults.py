@@ -88,7 +88,7 @@ def test_refused_saves_then_a_refused_result_stop_resumably_and_a_flaky_bucket_f
   10 and 15 are refused (EACCES), two warnings, and training goes on; its result, reached,
   is refused by the bucket (HTTP 403): the run stops in one line naming the --resume, its
   log kept in the bucket. That --resume, the bucket answering its upload with 503 once,
-  retries (said once) and files the one result."""
+  retries (said once) and files the kept log as the one result, training nothing again."""
   import deny_writes  # tests/storage/deny_writes.py
 
   ckpt = tmp_path / "ckpt"
@@ -112,7 +112,8 @@ def test_refused_saves_then_a_refused_result_stop_resumably_and_a_flaky_bucket_f
                     f"{run}); training goes on, the checkpoint of step 5 stays the one to resume "
                     f"from; {n} more failed save(s) in a row stop the run" for s, n in
                     ((10, 2), (15, 1))]
-  assert '"status": "success"' in kept.read_text()  # the whole log, as evidence
+  log = kept.read_text()
+  assert '"status": "success"' in log  # the whole log, as evidence
   assert not bench.exists()  # no result, nothing pending left
   assert not [p.name for p in run.iterdir() if not (p.name.isdigit() or p.name == "run.json")]
 
@@ -128,3 +129,11 @@ def test_refused_saves_then_a_refused_result_stop_resumably_and_a_flaky_bucket_f
   assert report["status"] == "success" and report["compliant"] is True and report["seed"] == 3
   assert report["log"] == f"{bench}/result_0.txt"
   assert [p.name for p in bench.iterdir()] == ["result_0.txt"]
+  # Filed from the kept log, not trained again: the result is that log, byte for byte (no
+  # mlbench_resumed, no second run_start), nothing was compiled, and the log left the run
+  # folder, whose checkpoint folder now says the run is finished.
+  assert (bench / "result_0.txt").read_text() == log and not kept.exists()
+  assert report["compile_cache"]["hits"] + report["compile_cache"]["writes"] == 0
+  assert f"its complete log, kept at {kept} when the result could not be filed, is filed " \
+         f"now as {bench}/result_0.txt (nothing trained again)" in out.stderr
+  assert json.loads((run / "finished.json").read_text()) == {"log": f"{bench}/result_0.txt"}

@@ -167,7 +167,7 @@ def _site(**kw) -> attention.Site:
     ("cpu", _site(), 1, Impl.XLA, "no fused attention kernel on cpu"),
     ("gpu", _site(), 1, Impl.CUDNN, "cuDNN"),
     ("gpu", _site(dtype="float32"), 1, Impl.XLA, "float32; cuDNN needs bfloat16"),
-    ("gpu", _site(head_dim=192), 1, Impl.XLA, "head size 192"),
+    ("gpu", _site(head_dim=264), 1, Impl.XLA, "multiple of 8, but got 264"),
     ("gpu", _site(q_len=1), 1, Impl.XLA, "decoding"),
     ("gpu", _site(dropout=0.1), 1, Impl.XLA, "attention dropout 0.1"),
     ("tpu", _site(causal=True), 1, Impl.PALLAS, "splash"),
@@ -216,3 +216,63 @@ def test_recording_counts_each_programs_calls_by_kind():
   assert used[0].line().startswith("train step: attention, 128 x 128 tokens, 2 heads of 8, "
                                    "float32, causal: xla - no fused attention kernel")
 
+
+
+@pytest.mark.parametrize("site, why", [
+    # BoT50's 7x7 maps with the relative logits as a bias: 49 tokens, odd.
+    (_site(q_len=49, kv_len=49, bias=True, bias_dtype="float32"),
+     "jax's cuDNN check refuses it in training: Unsupported sequence length Q 49, KV 49."),
+    (_site(q_len=48, kv_len=49, packed=True), "Unsupported sequence length Q 48, KV 49."),
+    (_site(bias=True, bias_dtype="float16"), "a float16 bias; cuDNN takes one in float32 or "
+                                             "the inputs' bfloat16"),
+    (_site(q_len=49, kv_len=49, bias=True, bias_dtype="bfloat16", training=False), ""),
+    (_site(q_len=48, kv_len=48, bias=True, bias_dtype="float32"), ""),
+    (_site(q_len=49, kv_len=49, causal=True, padding=True), ""),  # no bias: odd is fine
+])
+def test_the_cudnn_choice_is_what_the_installed_jax_accepts(site, why):
+  """The choice asks jax's own cuDNN checks (jax/_src/cudnn/fused_attention_stablehlo.py),
+  which run without a GPU: what they would raise while tracing is XLA with their reason."""
+  choice = attention.choose(Impl.AUTO, "gpu", site)
+  if why:
+    assert choice.implementation is Impl.XLA and choice.reason.endswith(why), choice
+  else:
+    assert choice.implementation is Impl.CUDNN, choice
+
+
+@pytest.mark.skipif(_gpu(), reason="on a GPU jax answers for its generation")
+def test_off_a_gpu_jax_answers_for_the_head_sizes_of_a_gpu_before_hopper():
+  choice = attention.choose(Impl.AUTO, "gpu", _site(head_dim=192))
+  assert choice.implementation is Impl.XLA
+  assert choice.reason.endswith("The head dim must be <= 128 and a multiple of 8, but got 192.")
+
+
+def test_bot50_on_a_gpu_trains_its_attention_on_xla_and_says_why():
+  """BoT50's own attention calls, traced as its train and eval steps trace them (bfloat16,
+  as on a GPU): training adds the relative logits as a bias to 49-token maps, which jax's
+  cuDNN refuses; evaluating (no gradient) it takes them."""
+  import dataclasses
+
+  from mlbench.fields import DType
+  from workloads.resnet50 import bot, config
+
+  # The last stage's second block, as the full config builds it: 7x7 maps of 2,048 channels.
+  block = bot.BoTBlock(512, 1, dataclasses.replace(config.full().model, dtype=DType.BFLOAT16))
+  x = jax.ShapeDtypeStruct((2, 7, 7, 2048), jnp.bfloat16)
+  variables = jax.eval_shape(lambda k, x: block.init(k, x, train=False), jax.random.key(0), x)
+
+  def loss(v, x):
+    return block.apply(v, x, train=True, mutable=["batch_stats"])[0].astype(jnp.float32).sum()
+
+  with attention.recording() as used:
+    with attention.program("train step"):
+      jax.eval_shape(jax.grad(loss), variables, x)
+    with attention.program("eval step"):
+      jax.eval_shape(lambda v, x: block.apply(v, x, train=False), variables, x)
+  on_gpu = {u.program: attention.choose(Impl.AUTO, "gpu", u.site) for u in used}
+  site = used[0].site
+  assert (site.q_len, site.kv_len, site.head_dim, site.bias, site.dtype) == (
+      49, 49, 128, True, "bfloat16")
+  assert on_gpu["train step"] == attention.Choice(Impl.XLA, (
+      "cudnn cannot serve it: jax's cuDNN check refuses it in training: Unsupported sequence "
+      "length Q 49, KV 49."))
+  assert on_gpu["eval step"].implementation is Impl.CUDNN

@@ -101,3 +101,31 @@ def test_a_run_taken_over_meanwhile_is_not_filed(tmp_path):
   assert not list(bench.glob("result_*")) and (folder / "partial.log").is_file()
   os.remove(ckpt / "lease-1.json")
   end.release()
+
+
+def test_only_this_runs_kept_complete_successful_log_is_filed_on_resume(tmp_path, write_log):
+  """A run stopped after its target because its result could not be written keeps its
+  whole log; --resume files that log (`refile`) when it continues the log of the run's
+  checkpoint, is whole, and ends in a successful run_stop; never another run's, a torn one,
+  or one that stopped short of its target (that run resumes from its checkpoint)."""
+  from mlbench.resultlog import ResultLog
+  from mlbench.train.lifecycle import refile
+
+  full = write_log(tmp_path / "full.log", [0.5, 0.99]).read_text()
+  at_checkpoint = "".join(full.splitlines(keepends=True)[:-6])  # before the last evaluation
+  folder = tmp_path / "run"
+  folder.mkdir()
+  candidates = {
+      "another run": write_log(tmp_path / "other.log", [0.5, 0.99], seed=8).read_text(),
+      "torn": full[:-20],
+      "not successful": full.replace('"status": "success"', '"status": "aborted"')}
+  for what, text in candidates.items():
+    assert text != full
+    (folder / "partial.log").write_text(text)
+    assert refile.kept_success(folder, at_checkpoint) is None, what
+  (folder / "partial_1.log").write_text(full)
+  assert refile.kept_success(folder, at_checkpoint) == folder / "partial_1.log"
+  log = ResultLog.read(folder / "partial_1.log")
+  result = refile._result(log, "eval_accuracy", seed=7)
+  assert result.success and result.evals == [(4.0, 0.5), (8.0, 0.99)] and result.epoch == 8.0
+  assert result.time_to_train_s == log.time_to_train_ms / 1000 > 0

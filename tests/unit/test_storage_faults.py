@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import subprocess
 import threading
 import time
@@ -18,7 +19,7 @@ from mlbench.storage import faults
 from mlbench.errors import StorageFailed, UserError
 from mlbench.mllog import MLLog
 from mlbench.train import steps
-from mlbench.train.lifecycle import checkpoint, failed_saves, space
+from mlbench.train.lifecycle import checkpoint, failed_saves, restore, space
 from mlbench.train.clock import Clock
 from mlbench.train.result import RunResult
 
@@ -88,12 +89,19 @@ def _state(n: int = 150_000):
                           model_state={}, opt_state={}, rng=jax.random.key(0))
 
 
+def _orbax_errors(caplog) -> list[str]:
+  """The ERROR records orbax logged (through absl) that reached the console's handlers."""
+  return [r.getMessage() for r in caplog.records
+          if r.levelno >= logging.ERROR and "/orbax/" in r.pathname]
+
+
 def test_failed_saves_warn_training_goes_on_and_three_in_a_row_stop(small_disk, tmp_path,
-                                                                    capfd):
+                                                                    capfd, caplog):
   """A 600 kB state on a 3 MiB disk: the first save fits; with the disk full each save
   fails (one warning each, its half-written step removed), the checkpoint of step 5 stays;
   space back, the next save works and the count starts again; the third failure in a row
-  stops the run."""
+  stops the run. What orbax logs of the failed saves stays off the console, and what it
+  logs of a damaged checkpoint read back afterwards shows."""
   disk, said = small_disk(3), []
   ck_dir, state, sums = disk / "ck", _state(), {"loss": jnp.float32(1)}
   log = tmp_path / "log.txt"
@@ -129,6 +137,11 @@ def test_failed_saves_warn_training_goes_on_and_three_in_a_row_stop(small_disk, 
   assert sorted(p.name for p in ck_dir.iterdir()) == ["20", "5"]  # nothing half-written
   err = capfd.readouterr().err
   assert "Traceback" not in err and "Event loop is closed" not in err and "ERROR" not in err, err
+  assert _orbax_errors(caplog) == []
+  (ck_dir / "20" / "_CHECKPOINT_METADATA").write_text("{damaged")
+  restore.read_meta(ck_dir, 20)  # orbax reads on without that file, and says so
+  assert _orbax_errors(caplog) and all(m.startswith("Failed to json parse Metadata file: ")
+                                       for m in _orbax_errors(caplog)), _orbax_errors(caplog)
 
 
 def test_the_space_check_counts_what_the_run_writes_and_says_both_numbers(small_disk, tmp_path):
@@ -195,6 +208,40 @@ def test_a_mount_gone_read_only_fails_a_save_and_leaves_no_thread_waiting(small_
   while {t for t in threading.enumerate() if not t.daemon} - before:
     assert time.time() < deadline, [t.name for t in threading.enumerate()]
     time.sleep(0.1)
+
+
+def test_a_bug_raised_while_a_write_error_is_handled_is_a_bug_not_a_storage_fault(
+    small_disk, tmp_path):
+  """A real ENOSPC in flight, and a bug in the code handling it: the bug reaches the CLI as
+  itself (its crash report, exit 70), never as a storage fault (exit 75) or a failed save's
+  warning; so does an error of the log's file handler that is no storage fault."""
+  from mlbench.cli import crash
+  from mlbench.train.lifecycle import agreement
+
+  disk = small_disk(1)
+  small_disk.fill(disk)
+  with pytest.raises(AttributeError) as bug:
+    with faults.needed(disk):
+      try:
+        (disk / "result_0.txt").write_bytes(b"x" * 8192)
+      except OSError as e:
+        raise StorageFailed(e.reason)  # a bug: OSError has no `reason`
+  assert isinstance(bug.value.__context__, OSError)
+  assert bug.value.__context__.errno == errno.ENOSPC  # what was in flight
+  assert faults.diagnose(bug.value, disk) is None
+  assert agreement.outcome(0, bug.value, disk).kind == agreement.BUG  # a save raises it
+  assert crash.report(bug.value).startswith("error: unexpected AttributeError")
+  # What storage raises itself stays a fault.
+  assert faults.diagnose(OSError(errno.ENOSPC, "No space left on device"), disk).cause == (
+      f"disk full at {disk}: 0.0 MiB free")
+
+  log = MLLog(tmp_path / "run.log")
+  log.event("first", 1)
+  before = (tmp_path / "run.log").read_bytes()
+  log._file.stream.close()  # closed behind the handler's back: a bug, no full disk
+  with pytest.raises(ValueError, match="closed file"):
+    log.event("second", 2)
+  assert (tmp_path / "run.log").read_bytes() == before  # still whole lines
 
 
 def test_a_log_write_that_fails_stops_the_run_with_its_log_kept_whole(small_disk):

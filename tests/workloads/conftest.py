@@ -1,11 +1,13 @@
 """The compiled programs of every registered workload's mini config, shared by the modules
-that drive them (the contract tests and the golden losses): one compile per workload."""
+that drive them (the contract tests and the golden losses): one compile per workload; and a
+real photograph as an ImageNet record (the ResNet-50 preprocessing and stem tests)."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
+import numpy as np
 import pytest
 
 from mlbench import registry
@@ -58,3 +60,28 @@ def compiled(request) -> Compiled:
 def compile_workload():
   """compile_workload(w, devices) -> Compiled, for a test that needs other devices too."""
   return compile_mini
+
+
+@pytest.fixture(scope="session")
+def china_jpeg() -> bytes:
+  """A real photograph: scikit-learn's china.jpg, a 427x640 JPEG."""
+  from importlib import resources
+
+  return (resources.files("sklearn.datasets") / "images" / "china.jpg").read_bytes()
+
+
+@pytest.fixture(scope="session")
+def photo_record(tmp_path_factory, china_jpeg):
+  """`china_jpeg` as a serialized ImageNet record (label 608, one box)."""
+  from mlbench.datasets import records
+  from mlbench.train import data
+
+  tf = data.tf()
+  path = str(tmp_path_factory.mktemp("imagenet") / "train-{index:05d}-of-{count:05d}")
+  records.write_shards(path, [{
+      "image/encoded": china_jpeg, "image/class/label": 608,
+      "image/object/bbox/ymin": np.array([0.1], np.float32),
+      "image/object/bbox/xmin": np.array([0.2], np.float32),
+      "image/object/bbox/ymax": np.array([0.9], np.float32),
+      "image/object/bbox/xmax": np.array([0.7], np.float32)}], 1)
+  return next(iter(tf.data.TFRecordDataset(path.format(index=0, count=1))))

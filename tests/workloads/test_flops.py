@@ -148,6 +148,20 @@ def test_hand_derivations_of_the_vision_papers_models():
   assert forward_macs("resnet50", "model.block=bottleneck_transformer") == bot
 
 
+@pytest.mark.parametrize("name", ["resnet50", "ssd"])
+def test_the_space_to_depth_stem_counts_the_model_not_its_zero_taps(name):
+  # model.stem=space_to_depth runs the 7x7x3 kernel as 4x4x12 (8x8 taps, 15 of them zero per
+  # input channel); model FLOPs stay the 7x7 convolution's, so MFU compares across stems.
+  w = registry.get(name)
+  plain, s2d = (config_lib.override(_config(name, "full"), (f"model.stem={stem}",))
+                for stem in ("imagenet", "space_to_depth"))
+  assert w.flops_per_example(s2d) == w.flops_per_example(plain)
+  out = s2d.data.image_size // 2
+  width = s2d.model.width if name == "resnet50" else s2d.model.stage_widths[0]
+  zero_taps = out * out * (8 * 8 - 7 * 7) * 3 * width
+  assert traced_forward_macs(w, s2d) == traced_forward_macs(w, plain) + zero_taps
+
+
 @pytest.mark.parametrize("config", ["mini", "full"])
 def test_bot50_counts_the_layers_its_loss_calls_and_xla_agrees(config):
   w = registry.get("resnet50")

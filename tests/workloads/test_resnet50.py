@@ -71,27 +71,7 @@ def test_decoded_digits_are_the_source_images(data_dir):
   assert min(corr) > 0.85, min(corr)
 
 
-def _china_jpeg() -> bytes:
-  from importlib import resources
-
-  return (resources.files("sklearn.datasets") / "images" / "china.jpg").read_bytes()
-
-
-@pytest.fixture(scope="module")
-def photo_record(tmp_path_factory):
-  """A real photograph (scikit-learn's china.jpg, 427x640 JPEG) as an ImageNet record."""
-  tf = data.tf()
-  path = str(tmp_path_factory.mktemp("imagenet") / "train-{index:05d}-of-{count:05d}")
-  records.write_shards(path, [{
-      "image/encoded": _china_jpeg(), "image/class/label": 608,
-      "image/object/bbox/ymin": np.array([0.1], np.float32),
-      "image/object/bbox/xmin": np.array([0.2], np.float32),
-      "image/object/bbox/ymax": np.array([0.9], np.float32),
-      "image/object/bbox/xmax": np.array([0.7], np.float32)}], 1)
-  return next(iter(tf.data.TFRecordDataset(path.format(index=0, count=1))))
-
-
-def test_full_preprocessing_on_a_real_photo(photo_record):
+def test_full_preprocessing_on_a_real_photo(photo_record, china_jpeg):
   tf = data.tf()
   cfg = config.full()
   train = input_pipeline.decode(cfg, Split.TRAIN)
@@ -107,7 +87,7 @@ def test_full_preprocessing_on_a_real_photo(photo_record):
   raw = ev["image"].numpy() + np.array(cfg.data.mean_rgb)
   assert raw.min() >= -1 and raw.max() <= 256
   # Central 224x224 crop of the 256x383 resize = rows 27..400, columns 132..506 of the photo.
-  photo = tf.io.decode_jpeg(_china_jpeg()).numpy().astype(np.float32)
+  photo = tf.io.decode_jpeg(china_jpeg).numpy().astype(np.float32)
   assert photo.shape == (427, 640, 3)
   for (r0, r1, c0, c1), (pr0, pr1, pc0, pc1) in [((0, 224, 0, 224), (27, 400, 132, 506)),
                                                  ((0, 112, 0, 112), (27, 214, 132, 319)),

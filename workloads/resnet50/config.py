@@ -11,7 +11,7 @@ import enum
 
 from mlbench.fields import (AttentionImpl, DType, EpochConfig, LrScaling, at_least, fraction,
                             positive, require, switch)
-from workloads.common.conv import Stem
+from workloads.common.conv import Stem, check_stem_input
 from workloads.common.imagenet import Source, image_records
 
 
@@ -34,6 +34,8 @@ class ModelConfig:
   stage_sizes: tuple[int, ...] = (3, 4, 6, 3)
   width: int = 64              # bottleneck channels of stage 1 (doubles per stage, x4 out)
   num_classes: int = 1000
+  # space_to_depth: the same stem as Google's TPU submissions compute it (issue 47); not the
+  # default: XLA's v4-128 estimate of the step is the same (benchmarks/space_to_depth.py).
   stem: Stem = Stem.IMAGENET
   bn_momentum: float = 0.9
   bn_epsilon: float = 1e-5
@@ -123,6 +125,7 @@ class ResNetConfig(EpochConfig[ModelConfig, DataConfig, OptimizerConfig]):
   def __post_init__(self):
     super().__post_init__()
     at_least(self, 0, "eval_offset_epochs")
+    check_stem_input(self.model.stem, self.data.image_size)
 
 
 def full() -> ResNetConfig:

@@ -3,8 +3,10 @@ the mini config), decoded with the MLPerf reference preprocessing. Training: a c
 sampled around the record's boxes (`image/object/bbox/*`; `sample_distorted_bounding_box`,
 min. 10% of the box covered), fused decode-and-crop, random flip, bilinear resize;
 evaluation: aspect-preserving resize of the shorter side, central crop. Then the mean
-(and stddev) per channel. The mini config's digits use exactly this code with other
-values. All randomness is stateless, seeded per example by the harness.
+(and stddev) per channel, and, for `model.stem=space_to_depth`, 2x2 blocks of pixels folded
+into channels ([112, 112, 12] at 224), as Google's TPU submissions do on the host. The mini
+config's digits use exactly this code with other values. All randomness is stateless,
+seeded per example by the harness.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 
 from mlbench.train import data
 from mlbench.workload import Split
+from workloads.common import conv
 from workloads.resnet50.config import ResNetConfig
 
 _BOX_KEYS = ("image/object/bbox/ymin", "image/object/bbox/xmin",
@@ -30,10 +33,12 @@ def _parse(record: Any) -> dict[str, Any]:
 
 
 def _normalize(cfg: ResNetConfig, image: Any) -> Any:
+  """The model's input: the mean (and stddev) per channel, in the stem's layout."""
   tf = data.tf()
   size = cfg.data.image_size
   image = tf.reshape(tf.cast(image, tf.float32), [size, size, 3])
-  return (image - tf.constant(cfg.data.mean_rgb)) / tf.constant(cfg.data.stddev_rgb)
+  image = (image - tf.constant(cfg.data.mean_rgb)) / tf.constant(cfg.data.stddev_rgb)
+  return conv.to_stem_input(cfg.model.stem, image)
 
 
 def _resize(image: Any, height: Any, width: Any) -> Any:
@@ -93,8 +98,12 @@ def decode(cfg: ResNetConfig, split: Split):
 
 def synthetic_batch(cfg: ResNetConfig, split: Split, batch_size: int,
                     rng: np.random.Generator) -> dict[str, np.ndarray]:
-  """Normalised-looking random images and uniform labels, shaped like `decode`'s output."""
+  """Normalised-looking random images (in the stem's layout) and uniform labels, shaped
+  like `decode`'s output."""
   del split
   size = cfg.data.image_size
-  return {"image": rng.standard_normal((batch_size, size, size, 3)).astype(np.float32),
+  image = rng.standard_normal((batch_size, size, size, 3)).astype(np.float32)
+  if cfg.model.stem is conv.Stem.SPACE_TO_DEPTH:
+    image = conv.space_to_depth(image)
+  return {"image": image,
           "label": rng.integers(0, cfg.model.num_classes, (batch_size,)).astype(np.int32)}

@@ -16,9 +16,10 @@ import dataclasses
 import enum
 
 from mlbench.fields import DType, EpochConfig, at_least, fraction, positive, require, same_length
-# The ResNet stem: IMAGENET (7x7/2 convolution, 3x3/2 max pool, torchvision's ResNet-34 here) or
-# SMALL (3x3/1 convolution, no pool, for tiny images); workloads.common.blocks builds it.
-from workloads.common.conv import Stem
+# The ResNet stem: IMAGENET (7x7/2 convolution, 3x3/2 max pool, torchvision's ResNet-34 here),
+# SPACE_TO_DEPTH (the same over 2x2 blocks of pixels folded into channels) or SMALL (3x3/1
+# convolution, no pool, for tiny images); workloads.common.blocks builds it.
+from workloads.common.conv import Stem, check_stem_input
 
 
 class Source(enum.Enum):
@@ -82,6 +83,8 @@ class ModelConfig:
   and 3x3 location and class heads on all six feature maps.
   """
 
+  # space_to_depth (Google's v0.7 SSD: conv0_space_to_depth) is not the default: XLA's v4-128
+  # estimate of the step is 0.1% slower at 300x300 (benchmarks/space_to_depth.py).
   stem: Stem = Stem.IMAGENET
   stage_sizes: tuple[int, ...] = (3, 4, 6)          # conv2_x .. conv4_x; conv5_x is dropped
   stage_widths: tuple[int, ...] = (64, 128, 256)
@@ -107,7 +110,7 @@ class ModelConfig:
     size = image_size
     # The ImageNet stem's 7x7/2 convolution and 3x3/2 max pool, then each stage's first
     # block: padded, so each divides the size by its stride, rounding up.
-    for stride in ((2, 2) if self.stem is Stem.IMAGENET else ()) + self.stage_strides:
+    for stride in self.stem.strides + self.stage_strides:
       size = -(-size // stride)
     sizes = [size]
     for stride in self.extra_strides:  # stride 2: padded; stride 1: an unpadded 3x3
@@ -184,6 +187,7 @@ class SSDConfig(EpochConfig[ModelConfig, DataConfig, OptimizerConfig]):
 
   def __post_init__(self):
     super().__post_init__()
+    check_stem_input(self.model.stem, self.data.image_size)
     classes = len(self.data.category_ids) + 1
     require(self.model.num_classes == classes, "model.num_classes",
             f"{self.model.num_classes} is not data.category_ids and the background "

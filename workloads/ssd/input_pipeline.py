@@ -28,6 +28,7 @@ import numpy as np
 from mlbench.storage import paths
 from mlbench.train import data
 from mlbench.workload import Split
+from workloads.common import conv
 from workloads.ssd.config import SSDConfig, Source
 
 DIGITS_DIR = "ssd-digit-scenes"
@@ -115,9 +116,12 @@ def _normalize(cfg: SSDConfig, image: Any) -> Any:
 
 
 def _standardize(cfg: SSDConfig, image: Any) -> Any:
+  """The model's input: mean and stddev removed, in the stem's layout (2x2 blocks of pixels
+  folded into channels for model.stem=space_to_depth, [150, 150, 12] at 300)."""
   tf = data.tf()
   image = tf.reshape(image, [cfg.data.image_size, cfg.data.image_size, 3])
-  return (image - tf.constant(cfg.data.mean_rgb)) / tf.constant(cfg.data.stddev_rgb)
+  image = (image - tf.constant(cfg.data.mean_rgb)) / tf.constant(cfg.data.stddev_rgb)
+  return conv.to_stem_input(cfg.model.stem, image)
 
 
 def _pairwise_iou(a_N4: Any, b_M4: Any) -> Any:
@@ -313,8 +317,8 @@ def decode(cfg: SSDConfig, split: Split):
 
 def synthetic_batch(cfg: SSDConfig, split: Split, batch_size: int,
                     rng: np.random.Generator) -> dict[str, np.ndarray]:
-  """Random images with 1..max_boxes random boxes each, shaped like `decode`'s output;
-  evaluation batches carry unique image ids 1..batch_size."""
+  """Random images (in the stem's layout) with 1..max_boxes random boxes each, shaped like
+  `decode`'s output; evaluation batches carry unique image ids 1..batch_size."""
   d, size = cfg.data, cfg.data.image_size
   n_B = rng.integers(1, d.max_boxes + 1, batch_size)
   real_BG = np.arange(d.max_boxes)[None] < n_B[:, None]
@@ -322,8 +326,10 @@ def synthetic_batch(cfg: SSDConfig, split: Split, batch_size: int,
   wh = rng.uniform(0.1, 0.3, (batch_size, d.max_boxes, 2))
   boxes = (np.concatenate([lt, lt + wh], -1) * real_BG[..., None]).astype(np.float32)
   classes = (rng.integers(1, cfg.model.num_classes, (batch_size, d.max_boxes)) * real_BG)
-  out = {"image": rng.standard_normal((batch_size, size, size, 3)).astype(np.float32),
-         "boxes": boxes, "classes": classes.astype(np.int32)}
+  image = rng.standard_normal((batch_size, size, size, 3)).astype(np.float32)
+  if cfg.model.stem is conv.Stem.SPACE_TO_DEPTH:
+    image = conv.space_to_depth(image)
+  out = {"image": image, "boxes": boxes, "classes": classes.astype(np.int32)}
   if split is Split.EVAL:
     out["crowd"] = np.zeros((batch_size, d.max_boxes), np.int32)
     out["area"] = (np.prod(wh, -1) * size * size * real_BG).astype(np.float32)

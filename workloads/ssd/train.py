@@ -43,7 +43,8 @@ def _model(cfg: SSDConfig, bn_groups: int = 1) -> SSD:
 def init(cfg: SSDConfig, rng: jax.Array) -> tuple[Any, Any]:
   """Random weights; the backbone's from `cfg.backbone_weights` where given."""
   size = cfg.data.image_size
-  variables = _model(cfg).init(rng, jnp.zeros((1, size, size, 3), jnp.float32), train=False)
+  image = conv.stem_input_shape(cfg.model.stem, size, size)  # the same tree with either stem
+  variables = _model(cfg).init(rng, jnp.zeros((1, *image), jnp.float32), train=False)
   if cfg.backbone_weights:
     variables = _with_backbone(cfg, dict(variables))
   return variables["params"], {"batch_stats": variables["batch_stats"]}
@@ -155,6 +156,7 @@ def hparams(cfg: SSDConfig, sched: Schedule, ctx: StepContext) -> dict[str, Any]
   """The keys closed_ssd.yaml (0.7.0) requires, named and valued as the reference logs them."""
   o = cfg.optimizer
   return {"model_bn_span": sched.global_batch_size // ctx.bn_groups,
+          "mlbench_stem": cfg.model.stem.value,  # not an MLPerf key: how the stem ran
           "opt_base_learning_rate": o.base_learning_rate,
           "opt_weight_decay": o.weight_decay,
           "opt_learning_rate_warmup_factor": o.warmup_factor,
@@ -187,7 +189,7 @@ def flops_per_example(cfg: SSDConfig) -> float:
   heads on every feature map (box matching, the loss and NMS are not model FLOPs)."""
   m, size = cfg.model, cfg.data.image_size
   channels = m.stage_widths[0]
-  if m.stem is Stem.IMAGENET:
+  if m.stem is not Stem.SMALL:  # space-to-depth's zero taps are no model work (resnet50)
     size = conv.out_size(size, 7, 2, pad=6)
     forward = conv.conv_flops(size, 7, 3, channels)
     size = conv.out_size(size, 3, 2, pad=2)  # the max pool

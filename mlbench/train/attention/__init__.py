@@ -3,7 +3,8 @@
 `attend` computes softmax(q k^T / sqrt(D) + masks) v with the fastest implementation the
 platform has that can serve the call's shape and masks, and says which one and why:
 - GPUs: cuDNN's fused flash attention (`jax.nn.dot_product_attention(implementation=
-  "cudnn")`): bfloat16/float16, head size a multiple of 8 up to 128, causal and padding
+  "cudnn")`) where jax's own checks take the call (`cudnn`: bfloat16/float16, the head
+  sizes of the GPU generation, even lengths to train with a bias), causal and padding
   masks as sequence lengths, grouped-query attention, other masks as a bias;
 - TPUs: the Pallas kernels (`mlbench.train.attention.tpu`): splash attention (causal,
   padding and packed sequences as segment ids, grouped-query heads), flash attention
@@ -69,6 +70,8 @@ class Site:
   packed: bool = False
   bias: bool = False
   dropout: float = 0.0
+  bias_dtype: str = ""  # the bias's dtype, where there is one
+  training: bool = True  # differentiated (in a train step, or in a program of no name)
 
   def describe(self) -> str:
     """'self-attention, 512 x 512 tokens, 16 heads of 64, bfloat16, padding'."""
@@ -146,13 +149,13 @@ def _cannot(impl: AttentionImpl, site: Site, platform: str, stages: int) -> str:
 
 
 def _cannot_cudnn(site: Site) -> str:
+  from mlbench.train.attention import cudnn
+
   if site.dtype not in ("bfloat16", "float16"):
     return f"it computes in {site.dtype}; cuDNN needs bfloat16 or float16 (--precision bfloat16)"
-  if site.head_dim > 128 or site.head_dim % 8:
-    return f"head size {site.head_dim}; cuDNN needs a multiple of 8 up to 128"
   if site.q_len == 1:
     return "one query position (decoding)"
-  return ""
+  return cudnn.refusal(site)
 
 
 def _cannot_pallas(site: Site, stages: int) -> str:
@@ -243,7 +246,9 @@ def attend(q_BLND: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *,
               dtype=jnp.dtype(q_BLND.dtype).name, causal=causal,
               padding=kv_lengths_B is not None or kv_segments_BS is not None,
               packed=q_segments_BL is not None, bias=bias is not None,
-              dropout=dropout.rate if dropout is not None else 0.0)
+              dropout=dropout.rate if dropout is not None else 0.0,
+              bias_dtype="" if bias is None else jnp.dtype(bias.dtype).name,
+              training=_PROGRAM.get()[0] != "eval step")
   from mlbench.train import pipeline
 
   mesh = mesh if mesh is not None else _PROGRAM.get()[1]

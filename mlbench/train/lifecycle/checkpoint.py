@@ -1,26 +1,22 @@
 """Checkpoints of a run with orbax-checkpoint, and resuming from them.
 
-A run with `--checkpoint-every N` saves, every N steps and asynchronously (the
-step loop only waits for the device-to-host copy), everything needed to carry
-on as if nothing had happened:
+A run with `--checkpoint-every N` saves, every N steps and asynchronously (the step loop
+only waits for the device-to-host copy), everything needed to carry on as if nothing had
+happened:
 
-    state  the whole TrainState: parameters, optimizer state, batch-norm
-           statistics, step, and the RNG key (as raw key data)
+    state  the whole TrainState: parameters, optimizer state, batch-norm statistics,
+           step, and the RNG key (as raw key data)
     sums   the train-metric sums of the block in progress
-    meta   the MLPerf log written so far, the clock's marks and segments,
-           the evaluations so far; the input position is the step: the
-           pipelines are deterministic per seed, so resuming skips exactly
-           `step` batches
+    meta   the MLPerf log written so far, the clock's marks and segments, the
+           evaluations so far; the input position is the step: the pipelines are
+           deterministic per seed, so resuming skips exactly `step` batches
 
-The checkpoint folder also holds `run.json`, written once when the run
-starts (`mlbench.train.lifecycle.runrecord`), so `--resume` repeats it exactly, and the
-lease of the live run that owns it (`mlbench.train.lifecycle.lease`). Every process saves
-its own shards into the same folder, which may be a bucket (`gs://...`) every
-host writes to; orbax's multi-host protocol has process 0 commit the step once
-all have written. Restoring (`mlbench.train.lifecycle.restore`) reshards onto whatever mesh
-the resumed run has (a smaller pod after a failure) and skips a damaged checkpoint.
-
-Each save's full duration (until orbax commits it) is measured: a stop by signal allows
+The checkpoint folder also holds `run.json` (`runrecord`), so `--resume` repeats the run
+exactly, and the lease of the live run that owns it (`lease`). Every process saves its own
+shards into the same folder (a disk or a bucket every host writes to); orbax has process 0
+commit the step once all have written, and the processes agree on every save's outcome
+(`agreement`). Restoring (`restore`) reshards onto whatever mesh the resumed run has and
+skips a damaged checkpoint. Each save's full duration is measured: a stop by signal allows
 the final save twice the longest (`signals.allow_for_saves`). A save that fails is one
 warning, and the run goes on; too many in a row stop it (`failed_saves`).
 """
@@ -28,10 +24,9 @@ warning, and the run goes on; too many in a row stop it (`failed_saves`).
 from __future__ import annotations
 
 import collections
-import dataclasses
-import os
 import pathlib
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -39,9 +34,8 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from mlbench.storage import paths
-from mlbench.errors import UserError
-from mlbench.train.lifecycle import failed_saves, restore as restore_lib, signals
-from mlbench.train.lifecycle.restore import abstract_state, continue_clock, manager, restore
+from mlbench.train.lifecycle import agreement, failed_saves, restore as restore_lib, signals
+from mlbench.train.lifecycle.restore import Snapshot, abstract_state, continue_clock, manager
 
 if TYPE_CHECKING:
   from mlbench.mllog import MLLog
@@ -51,21 +45,6 @@ if TYPE_CHECKING:
   from mlbench.train.steps import Programs
 
 SAVE_RATE = 100e6  # bytes/s a first save is assumed to write, until one is measured
-
-
-@dataclasses.dataclass
-class _Snapshot:
-  """The run as it stood after a train step: what a checkpoint of that step holds."""
-
-  step: int
-  state: Any
-  sums: Any
-  log_bytes: int
-  marks: dict[str, float]
-  segments: dict[str, float]
-  evals: list[tuple[float, float]]
-  input_wait_s: float
-  taken: float
 
 
 class Checkpoints:
@@ -84,18 +63,28 @@ class Checkpoints:
     self._every = every
     self._clock, self._result, self._log_path = clock, result, log_path
     failed_saves.quiet()
-    self._mgr = manager(self.directory, on_saved=self._saved)
+    self._votes = agreement.SaveVotes(paths.resolve(self.directory), jax.process_index(),
+                                      jax.process_count())
+    self._mgr = self._manager()
     self._failures = failed_saves.FailedSaves(self.directory, say)
-    self._in_flight: int | None = None  # the step of the save not yet waited for
-    self._last: _Snapshot | None = None
+    self._in_flight: int | None = None  # the step of the save not yet agreed on
+    self._raised: Exception | None = None  # what its save() raised at once
+    self._stuck = False  # the last manager's wait never ended: it is left, not closed
+    self._closed = False  # the manager is closed (after the last save)
+    self._waits: dict[int, threading.Thread] = {}  # the waits for failed saves' parts
+    self._last: Snapshot | None = None
     self.saves: list[tuple[int, float]] = []  # (step, seconds the loop waited)
     self.durations: list[float] = []  # seconds from each save's start to its commit
     self._started: collections.deque[float] = collections.deque()  # of the saves not committed
     self._estimated = False
 
+  def _manager(self) -> Any:
+    with failed_saves.saving():
+      return manager(self.directory, on_saved=self._saved, barrier=self._votes.barrier)
+
   def after_step(self, step: int, state: Any, sums: Any) -> None:
     """Remembers the run after `step`; saves if `step` is a multiple of `every`."""
-    self._last = _Snapshot(
+    self._last = Snapshot(
         step=step, state=state, sums=sums,
         log_bytes=self._log_path.stat().st_size if self._log_path else 0,
         marks=dict(self._clock.marks), segments=dict(self._clock.segments),
@@ -112,79 +101,144 @@ class Checkpoints:
   def final(self) -> int | None:
     """Saves the last step seen (if not saved yet) and waits; returns its step."""
     snap = self._last
-    # With several processes each one acts on its own signal and may stop a step
-    # or two apart from the others: a final save of "my last step" would leave
-    # steps that hold one process's shards only. The periodic saves are at the
-    # same steps everywhere, so a multi-process run keeps the latest of those.
+    # Processes act on their own signals and may stop a step or two apart: a final save
+    # of "my last step" would hold one process's shards. A multi-process run keeps the
+    # periodic saves (the same steps everywhere) and waits alone for its part of the one in
+    # flight (another may be blocked in a step this one never takes: at no save to agree
+    # on); orbax commits a step only once every process has written it.
+    if jax.process_count() > 1:
+      step, self._in_flight = self._in_flight, None
+      error = self._wait(step) if step is not None else None
+      if error is not None:
+        mine = agreement.outcome(jax.process_index(), error, self.directory)
+        self._votes.post(mine)  # The others' waits for this part end.
+        self._failed(step, mine, error if mine.kind == agreement.BUG else None, stop=False,
+                     reopen=False)
+      return self.newest()
     self.settle(stop=False)
-    if snap is not None and jax.process_count() == 1 and snap.step != self.newest():
+    if snap is not None and snap.step != self.newest():
       self._save(snap, stop=False)
       self.settle(stop=False)
     return self.newest()
 
-  def settle(self, *, stop: bool = True) -> None:
-    """Waits for the save in flight; a failure is said (`failed_saves`), and a fresh manager
-    goes on (orbax's re-raises it); with `stop`, the LIMIT-th in a row raises StorageFailed."""
+  def _wait(self, step: int) -> BaseException | None:
+    """This process's part of the save of `step`: what failed it (None: it saved)."""
+    error, self._raised = self._raised, None
+    if error is None:
+      with failed_saves.saving():
+        error, self._waits[step] = self._votes.wait(
+            self._mgr.wait_until_finished, failed_saves.cancel_waiters,
+            failed_saves.wake_waiters)
+    self._stuck = step in self._waits and self._waits[step].is_alive()  # blocks close()
+    if error is not None:  # Cancelled before the vote: once woken they write nothing.
+      failed_saves.cancel_waiters()
+    return error
+
+  def settle(self, *, stop: bool = True, last: bool = False) -> None:
+    """Waits for this process's part of the save in flight, and agrees on its outcome with
+    the others (`agreement`); a failure is said (`failed_saves`), and a fresh manager goes
+    on (orbax's re-raises it) unless it is the `last` save; with `stop`, the LIMIT-th in a
+    row raises StorageFailed."""
     step, self._in_flight = self._in_flight, None
-    try:
-      self._mgr.wait_until_finished()
-    except Exception as e:  # orbax and TensorStore raise plain Exceptions.
-      self._started.clear()  # No commit will come for it.
-      self._renew()
-      self._failures.failed(step, e, self.newest(), stop=stop)
+    if step is None:  # No save since the last one agreed on, on any process.
       return
-    if step is not None:
+    error = self._wait(step)
+    mine = agreement.outcome(jax.process_index(), error, self.directory, running=tuple(
+        s for s, wait in self._waits.items() if wait.is_alive()))
+    outcomes = self._votes.vote(mine)
+    failed = agreement.verdict(outcomes)
+    if failed is None:
+      self._waits.pop(step, None)
+      self._remove_finished(outcomes)
       self._failures.succeeded()
+      return
+    self._waits.setdefault(step, threading.Thread())  # (a save that failed at once)
+    self._failed(step, failed, error if mine.kind == agreement.BUG else None, stop=stop,
+                 reopen=not last, outcomes=outcomes)
+
+  def _failed(self, step: int, failed: agreement.Outcome, bug: BaseException | None, *,
+              stop: bool, reopen: bool, outcomes: list[agreement.Outcome] | None = None) -> None:
+    """The save of `step` failed (`failed` says why); `bug`: this process's error, no
+    storage fault, raised (after any vote: the others do not wait for it)."""
+    self._started.clear()  # No commit will come for it.
+    if bug is not None:
+      raise bug
+    self._renew(reopen=reopen)
+    if outcomes is not None:  # Agreed on: every process is done with it (see below).
+      self._remove_finished(outcomes)
+    self._failures.failed(step, failed.fault(), self.newest(), stop=stop)
+
+  def _remove_finished(self, outcomes: list[agreement.Outcome]) -> None:
+    """Removes what failed saves wrote once every process's wait for them has ended (one
+    that gave a save up at its deadline: at a later vote; hung writes past it are unseen)."""
+    running = {s for o in outcomes for s in o.running}
+    for step in sorted(set(self._waits) - running):
+      failed_saves.remove_partial(self.directory, step)
+      del self._waits[step]
 
   def newest(self) -> int | None:
     return self._mgr.latest_step()  # The newest committed step.
 
-  def _renew(self) -> None:
+  def _renew(self, *, reopen: bool = True) -> None:
+    """Closes the manager of a failed save and (`reopen`) goes on with a fresh one."""
     failed_saves.release_waiters()
-    try:
-      self._mgr.close()
-    except Exception:  # The failure it raises again was reported.
-      pass
-    self._mgr = manager(self.directory, on_saved=self._saved)
+    self._close_manager()
+    if reopen:
+      self._stuck = self._closed = False
+      self._mgr = self._manager()
+
+  def _close_manager(self) -> None:
+    """orbax's close() raises the failure again (once per thread: the wait ran in another)
+    before it closes: twice; a wait that never ended would block it, so never then."""
+    for _ in range(0 if self._stuck or self._closed else 2):
+      with failed_saves.saving():
+        try:
+          self._mgr.close()
+          break
+        except Exception:  # The failure, reported already.
+          continue
+    self._closed = True
 
   def close(self) -> None:
     """Waits for the save in flight (a failure only warns: nothing waits for it); stops."""
-    self.settle(stop=False)
-    self._mgr.close()
+    self.settle(stop=False, last=True)
+    if not (self._closed or self._stuck):
+      with failed_saves.saving():
+        self._mgr.close()
+    self._closed = True
 
-  def _meta(self, snap: _Snapshot) -> dict[str, Any]:
-    log = ""
-    if self._log_path is not None:
-      with open(self._log_path, "rb") as f:
-        log = f.read(snap.log_bytes).decode("utf-8")
-    segments = dict(snap.segments)
-    if "block_start" in snap.marks:  # The train time of the block in progress, so far.
-      segments["train"] = segments.get("train", 0.0) + snap.taken - snap.marks["block_start"]
-    return {"step": snap.step, "log": log, "marks": snap.marks, "segments": segments,
-            "evals": snap.evals, "input_wait_s": snap.input_wait_s, "taken": snap.taken}
+  def leave(self) -> None:
+    """Stops saving; a save in flight of a multi-process run is left, not agreed on: where
+    one process stops alone (a crash, its log's storage) the others are at no save."""
+    if self._in_flight is None or not self._votes.shared:
+      return self.close()
+    self._in_flight = None
+    self._votes.leave()
+    failed_saves.release_waiters()
 
-  def _save(self, snap: _Snapshot, *, stop: bool = True) -> None:
+  def _save(self, snap: Snapshot, *, stop: bool = True) -> None:
     import orbax.checkpoint as ocp
 
     t0 = time.perf_counter()
     self.settle(stop=stop)  # orbax's save() waits for it too; here a failure is said.
+    self._votes.begin(snap.step)
     self._started.append(t0)
+    self._in_flight = snap.step
     # The step loop forbids implicit transfers; saving is an intended one.
-    with jax.transfer_guard("allow"):
+    with jax.transfer_guard("allow"), failed_saves.saving():
       state = snap.state.replace(rng=jax.random.key_data(snap.state.rng))
       try:
         self._mgr.save(snap.step, force=True, args=ocp.args.Composite(
             state=ocp.args.PyTreeSave(state), sums=ocp.args.PyTreeSave(snap.sums),
-            meta=ocp.args.JsonSave(self._meta(snap))))
-      except Exception as e:  # Failed at once (a folder it could not create, ...).
-        self._started.pop()  # No commit will come for it.
-        self._renew()
-        self._failures.failed(snap.step, e, self.newest(), stop=stop)
+            meta=ocp.args.JsonSave(snap.meta(self._log_path))))
+      except Exception as e:  # Failed at once: agreed on at the next settle, as a failure
+        self._started.pop()  # in the background is (others may wait for its writes).
+        self._raised = e
         return
       except BaseException:
         self._started.pop()
+        self._in_flight = None
         raise
-    self._in_flight = snap.step
     waited = time.perf_counter() - t0
     self._clock.add("checkpoint", waited)
     self.saves.append((snap.step, waited))
@@ -247,8 +301,8 @@ class RunSaver:
     t = clock.mark("resumed", state)
     clock.add("init", clock.between("resume_start", "resumed"))
     clock.marks["block_start"] = clock.marks["resumed"]
-    # Not an MLPerf key (the checker ignores it): tells a reader, and validate,
-    # that this run continued from a checkpoint, from which step, and what it cost.
+    # Not an MLPerf key (the checker ignores it): tells a reader, and validate, that this
+    # run continued from a checkpoint, from which step, and what it cost.
     log.event("mlbench_resumed", got.step, {
         "checkpoint": str(self.directory), "devices": len(plan.runtime.devices),
         "lost_s": round(clock.marks["resume_start"] - got.meta["taken"], 3)}, time_ms=t)
@@ -256,43 +310,15 @@ class RunSaver:
 
   def _restorable(self, abstract: Any, sums_sharding: Any, clock: Clock,
                   log: MLLog) -> restore_lib.Restored:
-    """The checkpoint chosen at the start, or (its arrays damaged) the newest older one
-    that reads back whole, with the log and clock put back to that one."""
-    step, damaged = self.step, []
-    while True:
-      try:
-        got = restore(self.directory, abstract, sums_sharding, step)
-        break
-      except Exception as e:  # orbax and TensorStore raise plain Exceptions.
-        damaged.append((step, restore_lib.why(e)))
-        if self._leader:
-          restore_lib.set_aside(self.directory, step)
-      try:
-        step, meta, more = restore_lib.newest_readable(self.directory, below=step,
-                                                       leader=self._leader)
-      except UserError:
-        raise UserError(restore_lib.none_usable(self.directory, damaged)) from None
-      damaged += more
-    if step != self.step:
-      self._report(damaged, step)
-      self._rewind(got.meta, clock, log)
+    """The checkpoint chosen at the start, or the newest older one that reads back whole
+    (`restore.readable`), with the log and clock put back to that one."""
+    got, damaged = restore_lib.readable(self.directory, self.step, abstract, sums_sharding,
+                                        leader=self._leader)
+    if got.step != self.step:
+      self._report(damaged, got.step)
+      restore_lib.rewind(got.meta, clock, self._result, log.path)
+      self.meta = got.meta
     return got
-
-  def _rewind(self, meta: dict[str, Any], clock: Clock, log: MLLog) -> None:
-    """The run continues from an older checkpoint than the one its log and clock were
-    continued from: cut the log back to that checkpoint's (a prefix of it), and redo
-    the clock."""
-    started = clock.marks["resume_start"]
-    clock.marks.clear()
-    clock.segments.clear()
-    continue_clock(clock, self._result, meta, now=started)
-    clock.marks["resume_start"] = started
-    if log.path is not None:
-      prefix = meta["log"].encode()
-      with open(log.path, "rb") as f:
-        assert f.read(len(prefix)) == prefix, "a checkpoint's log is a prefix of the later ones'"
-      os.truncate(log.path, len(prefix))
-    self.meta = meta
 
   def start(self, clock: Clock, result: RunResult, log: MLLog) -> None:
     """Begins saving (after the state exists and the clock runs)."""
@@ -311,11 +337,12 @@ class RunSaver:
       self._ckpts.close()
 
   def abandon(self) -> int | None:
-    """Stops saving without a final save (the storage fails); returns the newest committed
-    step, the one to resume from (None: there is none)."""
+    """Stops saving without a final save (the storage fails, the run crashed), and without
+    waiting for other processes (`Checkpoints.leave`); returns the newest committed step,
+    the one to resume from (None: there is none)."""
     if self._ckpts is None:
       return self.step
-    self._ckpts.close()
+    self._ckpts.leave()
     return self._ckpts.newest()
 
   @property

@@ -27,7 +27,7 @@ from mlbench.storage import faults, paths, writes
 from mlbench.errors import StorageFailed
 from mlbench.mllog import MLLog
 from mlbench.storage.pending import PendingRun
-from mlbench.train.lifecycle import signals
+from mlbench.train.lifecycle import agreement, signals
 from mlbench.train.lifecycle.lease import Lease
 from mlbench.train.lifecycle.runrecord import FINISHED_FILE
 
@@ -151,12 +151,18 @@ class RunEnd:
     what = e.cause + (f": the partial log is kept at {kept}" if kept is not None else "")
     fix = e.fix or "fix it"
     if step is None:
-      return what + (f"; no checkpoint to resume from; {fix} and run the same command again"
+      line = what + (f"; no checkpoint to resume from; {fix} and run the same command again"
                      if self._saver is not None else
                      f"; no checkpoint to resume from (use --checkpoint-every N to make runs "
                      f"resumable); {fix} and run the same command again")
-    return (f"{what}, the checkpoint of step {step} in {self._saver.directory}; {fix} and "
-            f"resume with: mlbench run {self._name} --resume {self._saver.directory}")
+    else:
+      line = (f"{what}, the checkpoint of step {step} in {self._saver.directory}; {fix} and "
+              f"resume with: mlbench run {self._name} --resume {self._saver.directory}")
+    # Every host stops on the line process 0 says (it knows where the log is kept).
+    import jax
+
+    return agreement.same_line(str(self._folder), line, leader=jax.process_index() == 0,
+                               process_count=jax.process_count())
 
   def cut_short(self, signum: int) -> None:
     """The watchdog's last words when the run could not stop in time."""
@@ -182,7 +188,7 @@ class RunEnd:
 
   def crashed(self) -> None:
     if self._saver is not None:
-      self._saver.close()
+      self._saver.abandon()
     with self._lock:
       kept = self._keep(stopped=False)
     if kept is not None:

@@ -45,6 +45,33 @@ def why(e: BaseException) -> str:
   return f"{type(e).__name__}: {text[:160]}" if text else type(e).__name__
 
 
+@dataclasses.dataclass
+class Snapshot:
+  """The run as it stood after a train step: what a checkpoint of that step holds."""
+
+  step: int
+  state: Any
+  sums: Any
+  log_bytes: int
+  marks: dict[str, float]
+  segments: dict[str, float]
+  evals: list[tuple[float, float]]
+  input_wait_s: float
+  taken: float
+
+  def meta(self, log_path: Any) -> dict[str, Any]:
+    """The checkpoint's `meta` item (`log_path`: the run's log, None off process 0)."""
+    log = ""
+    if log_path is not None:
+      with open(log_path, "rb") as f:
+        log = f.read(self.log_bytes).decode("utf-8")
+    segments = dict(self.segments)
+    if "block_start" in self.marks:  # The train time of the block in progress, so far.
+      segments["train"] = segments.get("train", 0.0) + self.taken - self.marks["block_start"]
+    return {"step": self.step, "log": log, "marks": self.marks, "segments": segments,
+            "evals": self.evals, "input_wait_s": self.input_wait_s, "taken": self.taken}
+
+
 ITEMS = ("state", "sums", "meta")
 """What a checkpoint holds (see `mlbench.train.lifecycle.checkpoint`)."""
 
@@ -65,14 +92,20 @@ def _array_handlers() -> Any:
   return ocp.PyTreeCheckpointHandler(type_handler_registry=registry)
 
 
-def manager(directory: paths.Path, on_saved: Callable[[], None] | None = None) -> Any:
-  """The run's orbax CheckpointManager; `on_saved` runs when a save is committed."""
+def manager(directory: paths.Path, on_saved: Callable[[], None] | None = None,
+            barrier: Callable[..., None] | None = None) -> Any:
+  """The run's orbax CheckpointManager; `on_saved` runs when a save is committed; `barrier`
+  is the one its saves meet the other processes at (`agreement.SaveVotes.barrier`), every
+  wait of a save bounded by `agreement.SAVE_TIMEOUT_S` (orbax's default is 20 minutes)."""
   import orbax.checkpoint as ocp
+
+  from mlbench.train.lifecycle.agreement import SAVE_TIMEOUT_S
 
   options = ocp.CheckpointManagerOptions(
       enable_async_checkpointing=True, create=True,
       preservation_policy=ocp.checkpoint_managers.LatestN(n=2),
-      async_options=ocp.AsyncOptions(post_finalization_callback=on_saved))
+      async_options=ocp.AsyncOptions(post_finalization_callback=on_saved,
+                                     barrier_sync_fn=barrier, timeout_secs=SAVE_TIMEOUT_S))
   return ocp.CheckpointManager(
       paths.resolve(directory), options=options, item_names=ITEMS,
       item_handlers={"state": _array_handlers(), "sums": _array_handlers(),
@@ -203,6 +236,46 @@ def newest_readable(directory: paths.PathLike, *, below: int | None = None,
       if leader:
         set_aside(directory, step)
   raise UserError(none_usable(directory, damaged))
+
+
+def readable(directory: paths.PathLike, step: int, abstract_state: Any,
+             sums_sharding: dict[str, Any], *,
+             leader: bool) -> tuple[Restored, list[tuple[int, str]]]:
+  """The checkpoint of `step`, or (its arrays damaged) the newest older one that reads
+  back whole; and the damaged ones, set aside by the `leader` process.
+
+  Raises:
+    UserError: none reads back.
+  """
+  damaged: list[tuple[int, str]] = []
+  while True:
+    try:
+      return restore(directory, abstract_state, sums_sharding, step), damaged
+    except Exception as e:  # orbax and TensorStore raise plain Exceptions.
+      damaged.append((step, why(e)))
+      if leader:
+        set_aside(directory, step)
+    try:
+      step, _, more = newest_readable(directory, below=step, leader=leader)
+    except UserError:
+      raise UserError(none_usable(directory, damaged)) from None
+    damaged += more
+
+
+def rewind(meta: dict[str, Any], clock: Clock, result: RunResult, log_path: Any) -> None:
+  """The run continues from an older checkpoint (`meta`) than the one its log and clock
+  were continued from: cut the log back to that checkpoint's (a prefix of it), and redo
+  the clock."""
+  started = clock.marks["resume_start"]
+  clock.marks.clear()
+  clock.segments.clear()
+  continue_clock(clock, result, meta, now=started)
+  clock.marks["resume_start"] = started
+  if log_path is not None:
+    prefix = meta["log"].encode()
+    with open(log_path, "rb") as f:
+      assert f.read(len(prefix)) == prefix, "a checkpoint's log is a prefix of the later ones'"
+    os.truncate(log_path, len(prefix))
 
 
 def none_usable(directory: paths.PathLike, damaged: list[tuple[int, str]]) -> str:
