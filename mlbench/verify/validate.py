@@ -196,7 +196,7 @@ def _systems(target: Target, folders: list[_Folder], usage: str,
   """Each package's system descriptions, judged."""
   return [found for package, rs, used in _packages(target, folders)
           for found in package_lib.systems(package, rs, usage, used, tools,
-                                           only_used=target.kind == "benchmark")]
+                                           only_used=target.kind in ("benchmark", "system"))]
 
 
 def _describe(target: Target, folder: _Folder) -> tuple[dict[str, Any] | None, str | None]:

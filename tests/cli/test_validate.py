@@ -327,3 +327,13 @@ def test_a_package_without_its_system_description_fails_in_one_line(capsys, pack
   [missing] = findings
   assert missing["severity"] == "FAIL" and missing["rule"].startswith("submission_rules.adoc")
   assert missing["message"].startswith(f"{path} is missing; a package describes every system")
+
+
+def test_a_system_folder_judges_its_own_system_description_only(capsys, package):
+  """`validate results/<system>` judges that system's description, as a benchmark folder
+  does; another system's broken description is the package's business."""
+  (package / "systems/Other-System.json").write_text("[1, 2]")
+  code, report, _ = validate(capsys, package / "results/XE9680x8H100-SXM-80GB")
+  assert code == 0, report
+  assert [Path(s["path"]).name for s in report["systems"]] == ["XE9680x8H100-SXM-80GB.json"]
+  assert validate(capsys, package)[0] == 1  # The package's validation still reads it.
