@@ -4,8 +4,7 @@ Each check is a pure function of a parsed log (and the rules or system
 description it should agree with) returning findings. A FAIL is what the official
 tools fail or what breaks a written MLPerf rule, and cites it (`Finding.rule`);
 everything else these checks notice is a WARN that names the line and why it may
-matter (`mlbench validate --strict` fails on those too); INFO says what could not be
-checked. The published packages of every round (benchmarks/validate_agreement.py) pass.
+matter (`validate --strict` fails on those too); INFO, what could not be checked.
 """
 
 from __future__ import annotations
