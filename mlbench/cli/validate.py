@@ -25,19 +25,25 @@ from mlbench.cli import output
               help="Seconds the official checker may take on one log (and each other official "
                    "tool on one input); a log it runs out of fails, naming the line it was on.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), envvar="MLBENCH_JOBS",
-              help="Logs checked at once by the official checker.  [default: one per core]")
+              help="Logs checked at once by the official checker.  [default: one per core "
+                   "and per 20 logs]")
 @click.option("--tolerance-ms", type=click.FloatRange(min=0), default=1000.0, show_default=True,
-              help="Steps back in time up to this many ms are warnings (clock skew), not failures.")
+              help="Steps back in time up to this many ms are clock skew, not a broken order.")
+@click.option("--strict", is_flag=True, envvar="MLBENCH_STRICT",
+              help="Fail on warnings too: anything mlbench notices that no written rule "
+                   "forbids (placeholders, a status word, order outside the timed region).")
 def validate_cmd(path: str, ruleset: str | None, usage: str, as_json: bool, timeout_s: float,
-                 jobs: int | None, tolerance_ms: float) -> int:
+                 jobs: int | None, tolerance_ms: float, strict: bool) -> int:
   """Check PATH: a result log, a results/<system>/<benchmark> folder, or a package,
   on a disk or in a bucket (gs://...).
 
   Runs the official compliance checker on every log, the package checks (result
   count, seeds, RCP, system description), and checks the official tools lack
   (time order, run order, evaluation schedule, submission_* against
-  systems/*.json, seed). Exit 0 when everything passes (under olympic scoring
-  for packages), 1 when a rule fails, 2 for input that is not a log or package.
+  systems/*.json, seed). A FAIL is what the official tools fail or what breaks a
+  written MLPerf rule (each names it); the rest is a WARN naming the line. Exit 0
+  when everything passes (under olympic scoring for packages), 1 when a rule fails
+  (or, with --strict, anything warns), 2 for input that is not a log or package.
   """
   from mlbench.storage import paths, writes
   from mlbench.verify import validate
@@ -48,7 +54,8 @@ def validate_cmd(path: str, ruleset: str | None, usage: str, as_json: bool, time
     output.note_pending([local], console)
     with _progress(console) as progress:
       report = validate.validate(local, ruleset=ruleset, usage=usage, timeout_s=timeout_s,
-                                 tolerance_ms=tolerance_ms, processes=jobs, progress=progress)
+                                 tolerance_ms=tolerance_ms, strict=strict, processes=jobs,
+                                 progress=progress)
     _print(report, console)
     if as_json:
       click.echo(json.dumps(output.unfetched(report.to_json(), local, path), indent=2))
@@ -89,18 +96,25 @@ def _rel(path: Path, root: Path) -> str:
     return str(path)
 
 
+MAX_ROWS = 40  # a longer table of logs lists the failing ones only: the rest are in --json
+
+
 def _files_table(report, files, console) -> None:
   from rich.table import Table
 
   root = report.target.path if report.target.path.is_dir() else report.target.path.parent
-  table = Table(title="result logs", title_justify="left")
+  shown = files if len(files) <= MAX_ROWS else [f for f in files if f.fails(report.strict)]
+  more = len(files) - len(shown)
+  table = Table(title="result logs", title_justify="left",
+                caption=f"and {more} passing logs (--json lists them)" if more else None)
   for col in ("file", "benchmark", "ruleset", "checker", "mlbench", "problem", "line"):
     table.add_column(col, overflow="fold")
-  for f in files:
-    first = f.first_problem()
+  for f in shown:
+    first = f.first_problem(report.strict)
     mine = [x for x in f.findings if x.severity.value == "FAIL"]
     warns = [x for x in f.findings if x.severity.value == "WARN"]
-    own = "FAIL" if mine else ("PASS" + (f" ({len(warns)} warn)" if warns else ""))
+    own = "FAIL" if mine or (report.strict and warns) else (
+        "PASS" + (f" ({len(warns)} warn)" if warns else ""))
     table.add_row(_rel(f.path, root), str(f.benchmark), f.ruleset, _mark(f.checker), _mark(own),
                   f"{first.check}: {first.message}" if first else "",
                   str(first.lineno) if first and first.lineno else "")
@@ -120,7 +134,9 @@ def _print(report, console) -> None:
     for finding in report.files[0].checker_findings + report.files[0].findings:
       if finding.severity.value != "INFO" or finding.check in ("eval schedule", "resumed"):
         console.print(f"  {finding.severity.value} {finding.check}: {finding.message}"
-                      + (f" (line {finding.lineno})" if finding.lineno else ""), highlight=False)
+                      + (f" (line {finding.lineno})" if finding.lineno else "")
+                      + (f" [{finding.rule}]" if finding.rule else ""),
+                      highlight=False, markup=False)
   if report.benchmarks:
     _files_table(report, [f for b in report.benchmarks for f in b.files], console)
     table = Table(title="benchmarks (olympic scoring)", title_justify="left")
@@ -129,10 +145,31 @@ def _print(report, console) -> None:
     for b in report.benchmarks:
       notes = "; ".join(f"{x.check}: {x.message}" for x in b.findings) or "-"
       table.add_row(b.bench.system, b.bench.benchmark, b.ruleset, str(len(b.files)),
-                    str(sum(f.failed for f in b.files)), notes, _mark("PASS" if b.passed else "FAIL"))
+                    str(sum(f.fails(report.strict) for f in b.files)), notes,
+                    _mark("PASS" if b.passes(report.strict) else "FAIL"))
     console.print(table)
+    _warnings(report, console)
   for path, findings in report.systems:
     verdict = "FAIL" if any(f.severity.value == "FAIL" for f in findings) else "PASS"
     console.print(f"system {path.name}: {_mark(verdict)}"
                   + "".join(f"; {f.message}" for f in findings), highlight=False)
-  console.print(f"exit code {report.exit_code}", highlight=False)
+  console.print(f"exit code {report.exit_code}" + (" (--strict: warnings fail)" if report.strict
+                                                   else ""), highlight=False)
+
+
+def _warnings(report, console) -> None:
+  """Warnings by kind: how many, and the first with its file and line."""
+  root = report.target.path if report.target.path.is_dir() else report.target.path.parent
+  kinds: dict[str, list] = {}
+  for b in report.benchmarks:
+    for f, finding in [(None, x) for x in b.findings] + [(r, x) for r in b.files
+                                                          for x in r.findings]:
+      if finding.severity.value == "WARN":
+        kinds.setdefault(finding.check, []).append((f, finding))
+  for kind, found in kinds.items():
+    f, first = found[0]
+    where = f"{_rel(f.path, root)}" + (f" line {first.lineno}" if first.lineno else "") \
+        if f is not None else ""
+    console.print(f"  WARN {kind} ({len(found)}): {first.message}" + (f" [{where}]" if where
+                                                                      else ""),
+                  highlight=False, markup=False)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mlbench import compliance, rules as rules_lib
-from mlbench.verify import official, screen
+from mlbench.verify import official, rcp as rcp_lib, screen
 from mlbench.errors import UserError
 from mlbench.resultlog import ResultLog
 from mlbench.verify.rounds import detect_ruleset
@@ -98,7 +98,8 @@ class Entry:
     if self.division != "closed" or self.unjudged or self.epochs_problem:
       return None
     epochs = sorted(r.epochs if r.epochs is not None else NOT_CONVERGED for r in self.runs)
-    if self.dropped > MAX_DROPPED.get(self.bench.benchmark, 1) or len(epochs) < 3:
+    unconverged = sum(r.epochs is None for r in self.runs)  # by run_stop, as the RCP reader
+    if unconverged > MAX_DROPPED.get(self.bench.benchmark, 1) or len(epochs) < 3:
       return None
     middle = epochs[1:-1]
     return sum(middle) / len(middle)
@@ -163,7 +164,7 @@ def _rcp(bench: BenchmarkDir, runs: list[Run], ruleset: str, division: str | Non
     return None, None
   if unjudged := [r for r in runs if r.problem is not None]:  # It would stall on it too.
     return f"Not run ({unjudged[0].path.name} not judged)", None
-  return rcp_label(official.rcp(tools, [r.path for r in runs], usage, ruleset, False))
+  return rcp_label(rcp_lib.rcp(tools, [r.path for r in runs], usage, ruleset, False))
 
 
 def rcp_label(result: official.Outcome) -> tuple[str, float | None]:
@@ -229,10 +230,7 @@ def _entry(folder: _Folder, usage: str, tools: official.Isolated) -> Entry:
   bench, files, ruleset, desc = folder.bench, folder.files, folder.ruleset, folder.desc
   outcomes = _judge(files, ruleset, usage, tools)
   tool_rs = rules_lib.checker_ruleset(bench.benchmark, ruleset)
-  judged = [str(p) for (p, _), o in zip(files, outcomes) if o.error is None]
-  # The RCP tools read a log the way the checker does: only the logs it judged.
-  epochs = tools.call(official._tool_epochs, judged, tool_rs)
-  per_file = epochs.value or {}
+  per_file, problem = _convergence(files, outcomes, tool_rs)
   gbs = next((v["gbs"] for v in per_file.values() if v.get("gbs", -1) != -1), None)
   division = desc.get("division") or next((log.division for _, log in files if log.division), None)
   runs = _runs(files, outcomes, per_file)
@@ -240,7 +238,25 @@ def _entry(folder: _Folder, usage: str, tools: official.Isolated) -> Entry:
   return Entry(folder.source, bench, ruleset, desc, runs, folder.scaling,
                gbs if division == "closed" else None, rcp, factor,
                quality_target(bench.benchmark, ruleset), division=division,
-               epochs_problem=epochs.error and f"reading epochs to converge: {epochs.error}")
+               epochs_problem=problem)
+
+
+def _convergence(files: list[tuple[Path, ResultLog]], outcomes: list[official.Outcome],
+                 ruleset: str) -> tuple[dict[str, Any], str | None]:
+  """Batch size and epochs (or samples) to converge of each log the checker judged, as
+  the RCP checker reads them; and why the folder has none (as get_submission_epochs)."""
+  out = {}
+  for (path, log), outcome in zip(files, outcomes):
+    try:
+      c = log.convergence(ruleset)
+      epochs = float(c.epochs) if c.converged else None
+    except (ValueError, TypeError) as e:
+      return {}, f"reading epochs to converge: {path.name} {e}"
+    if outcome.error is None:
+      out[str(path)] = {"converged": c.converged, "gbs": c.gbs, "epochs": epochs}
+  if len({repr(v["gbs"]) for v in out.values()}) > 1:
+    return out, "reading epochs to converge: the runs' global batch sizes differ"
+  return out, None
 
 
 def compare(paths: Sequence[Path], *, ruleset: str | None = None, usage: str = "training",

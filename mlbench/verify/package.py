@@ -2,27 +2,37 @@
 benchmark folder (result count, unique seeds, reference convergence points, the
 benchmark being one of the round's), and each system description.
 
-The official seed, RCP and system-description checkers run in isolated
-workers (`mlbench.verify.official`).
+The official RCP and system-description checkers run in isolated workers
+(`mlbench.verify.official`); the seed checker's rules are applied to the logs validate
+read (`mlbench.verify.rcp`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from mlbench import rules as rules_lib
 from mlbench.errors import UserError
-from mlbench.verify import official, submission
-from mlbench.verify.checks import Finding, Severity
+from mlbench.resultlog import ResultLog
+from mlbench.verify import official, rcp as rcp_lib, submission
+from mlbench.verify.checks import RANDOM_NUMBERS, Finding, Severity
 from mlbench.verify.report import FileReport
 from mlbench.verify.submission import BenchmarkDir
+
+# mlcommons/policies submission_rules.adoc, the directory structure of a submission.
+SUBMISSION_LAYOUT = "submission_rules.adoc, Directory structure (systems/<system_desc_id>.json)"
 
 
 def load_system(path: Path | None) -> tuple[dict[str, Any] | None, list[Finding]]:
   """A system description, and a FAIL finding when it is missing or unreadable."""
   desc, problem = submission.read_system(path)
-  return desc, [Finding("system", Severity.FAIL, problem)] if problem else []
+  if problem and path is not None and not path.exists():
+    problem += (f"; a package describes every system of its results/ in systems/ (the "
+                f"official package checker stops on the missing {path.name})")
+  return desc, [Finding("system", Severity.FAIL, problem, rule=SUBMISSION_LAYOUT)] if problem \
+      else []
 
 
 def _params(bench: BenchmarkDir) -> set[str]:
@@ -46,6 +56,25 @@ def _expected_runs(bench: BenchmarkDir, ruleset: str) -> int | None:
   from mlperf_logging.benchmark_meta import get_result_file_counts
 
   return get_result_file_counts("training").get(bench.benchmark)
+
+
+def skipped(bench: BenchmarkDir, ruleset: str, usage: str) -> Finding | None:
+  """A WARN finding when the official package checker skips this folder ("Skipping
+  benchmark": its name is no benchmark of the round) and judges none of its logs."""
+  rule = rules_lib.find(bench.benchmark, ruleset)
+  if ruleset == rules_lib.MINI or (rule is not None and not rule.official):
+    return None  # mlbench's own rules: `_allowed` judges the name
+  from mlperf_logging.benchmark_meta import get_allowed_benchmarks
+
+  try:
+    names = get_allowed_benchmarks(usage, ruleset)
+  except ValueError:
+    return None  # `_allowed` fails it
+  if bench.benchmark in names:
+    return None
+  return Finding("benchmark", Severity.WARN, f"'{bench.benchmark}' is not a {ruleset} benchmark "
+                 f"(known: {', '.join(sorted(set(names)))}); like the official package checker, "
+                 "validate skips this folder and judges none of its logs")
 
 
 def _allowed(bench: BenchmarkDir, ruleset: str, usage: str) -> list[Finding]:
@@ -78,9 +107,20 @@ def _blocked(files: list[FileReport]) -> str | None:
   return None
 
 
-def findings(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str,
-             tools: official.Isolated, files: list[FileReport]) -> list[Finding]:
-  """The package checks of one benchmark folder, its logs already judged (`files`)."""
+@dataclasses.dataclass
+class Pending:
+  """One benchmark folder's package checks: what is known without the official RCP
+  checker, and the call to make of it (None: not made). (Not `Plan`: that is a run's.)"""
+
+  out: list[Finding]
+  rcp: tuple | None = None  # (logs, usage, ruleset, bypass) for rcp.rcps
+  tools_from: int | None = None  # where the seed and RCP findings start in `out`, if made
+
+
+def plan(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str,
+         logs: list[ResultLog]) -> Pending:
+  """The package checks of one benchmark folder, from its logs alone (`finish` adds what
+  the official checker's verdicts on them change)."""
   out = _allowed(bench, ruleset, usage)
   expected = _expected_runs(bench, ruleset)
   if expected is not None and len(bench.files) != expected:
@@ -88,33 +128,44 @@ def findings(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str
                        f"rules want exactly {expected}"))
   tool_rs = rules_lib.checker_ruleset(bench.benchmark, ruleset)
   if division != "closed" or tool_rs not in official.RULESETS_WITH_PACKAGE_CHECKS or out:
-    return out
-  if why := _blocked(files):
-    return out + [Finding("seeds", Severity.FAIL, f"seed and RCP checkers {why}")]
+    return Pending(out)
   try:
     params = _params(bench)
   except UserError as e:
-    return out + [Finding("params", Severity.FAIL, f"{e}; it lists the package checker's "
-                          "options, one per line (rcp-bypass, seed-checker-bypass)")]
-  paths = [str(f) for f in bench.files]
-  if "seed-checker-bypass" not in params:
-    seeds = tools.call(official._tool_seeds, paths, tool_rs)
-    if seeds.error or not seeds.value:
-      why = seeds.error or "; ".join(m.split(" - ", 1)[-1] for m in seeds.messages
-                                     if m.startswith("ERROR"))
-      out.append(Finding("seeds", Severity.FAIL, f"seed checker failed: {why}"))
+    return Pending(out + [Finding("params", Severity.FAIL, f"{e}; it lists the package "
+                                  "checker's options, one per line (rcp-bypass, "
+                                  "seed-checker-bypass)")])
+  todo = Pending(out, tools_from=len(out))
+  if "seed-checker-bypass" not in params and (errors := rcp_lib.seed_errors(logs)):
+    out.append(Finding("seeds", Severity.FAIL, "seed checker failed: " + "; ".join(errors),
+                       rule=RANDOM_NUMBERS))
   rule = rules_lib.find(bench.benchmark, ruleset)
   if rule is not None and not rule.official:
     out.append(Finding("rcp", Severity.INFO, f"not checked: the {ruleset} rules have no "
                        "reference convergence points"))
   elif bench.benchmark != "minigo":
-    out += _rcp(bench, usage, tool_rs, "rcp-bypass" in params, tools)
-  return out
+    todo.rcp = (logs, usage, tool_rs, "rcp-bypass" in params)
+  return todo
 
 
-def _rcp(bench: BenchmarkDir, usage: str, ruleset: str, bypass: bool,
-         tools: official.Isolated) -> list[Finding]:
-  return [rcp_finding(official.rcp(tools, bench.files, usage, ruleset, bypass))]
+def finish(pending: Pending, files: list[FileReport], rcp: official.Outcome | None
+           ) -> list[Finding]:
+  """A folder's package findings, given the official checker's verdict on each log
+  (`files`) and the RCP checker's outcome (None where not asked for)."""
+  if pending.tools_from is not None and (why := _blocked(files)):
+    return pending.out[:pending.tools_from] + [
+        Finding("seeds", Severity.FAIL, f"seed and RCP checkers {why}")]
+  return pending.out + ([rcp_finding(rcp)] if pending.rcp and rcp is not None else [])
+
+
+def findings(bench: BenchmarkDir, ruleset: str, division: str | None, usage: str,
+             tools: official.Isolated, files: list[FileReport],
+             logs: list[ResultLog] | None = None) -> list[Finding]:
+  """The package checks of one benchmark folder (`plan` and `finish` for one)."""
+  logs = logs if logs is not None else [ResultLog.read(f) for f in bench.files]
+  todo = plan(bench, ruleset, division, usage, logs)
+  rcp = rcp_lib.rcps(tools, [todo.rcp])[0] if todo.rcp else None
+  return finish(todo, files, rcp)
 
 
 def rcp_finding(result: official.Outcome) -> Finding:

@@ -21,7 +21,7 @@ from typing import Any
 from mlbench.errors import UserError
 from mlbench.resultlog import is_log
 
-_RESULT = re.compile(r"result_\d+\.txt")
+_RESULT = re.compile(r"result_.*\.txt", re.DOTALL)  # glob's result_*.txt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +51,16 @@ class Target:
 
 
 def result_files(folder: Path) -> tuple[Path, ...]:
+  """A benchmark folder's run logs: every `result_*.txt`, as the official package checker
+  and result_summarizer glob them (v0.7 Intel's are `result_1_1n4r_32k_1592751389.txt`),
+  numbered runs in the order of their numbers."""
   found = [p for p in folder.iterdir() if p.is_file() and _RESULT.fullmatch(p.name)]
-  return tuple(sorted(found, key=lambda p: int(p.stem.split("_")[1])))
+  return tuple(sorted(found, key=_run_number))
+
+
+def _run_number(path: Path) -> tuple[int, int, str]:
+  head = path.stem.split("_")[1]
+  return (0, int(head), path.name) if head.isdigit() else (1, 0, path.name)
 
 
 def _benchmark_dir(folder: Path, package: Path | None) -> BenchmarkDir:

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mlbench import compliance, rules as rules_lib
-from mlbench.verify import checks, official, package as package_lib, screen
+from mlbench.verify import checks, official, package as package_lib, rcp as rcp_lib, screen
 from mlbench.verify.checks import Finding, Severity
 from mlbench.verify.report import BenchmarkReport, FileReport, Report
 from mlbench.resultlog import ResultLog
@@ -27,6 +28,9 @@ from mlbench.verify.rounds import detect_ruleset
 from mlbench.verify.submission import Target, find, groups
 
 Progress = Callable[[int, int], None]  # (logs the official checker is done with, all logs)
+LOGS_PER_WORKER = 20
+RCP_MODULES = ("mlperf_logging.rcp_checker.rcp_checker",
+               "mlperf_logging.system_desc_checker.system_desc_checker")
 
 
 _CHECK_FAILED = re.compile(r"CHECK for '([^']+)' failed in line (\d+):\n(.*)\nfailed test: (.*)")
@@ -40,8 +44,11 @@ def _checker_findings(outcome: official.Outcome, log: ResultLog) -> tuple[str, l
     return "ERROR", [Finding("compliance", Severity.FAIL, f"the official checker failed: "
                              f"{outcome.error}", int(near.group(1)) if near else None)]
   result = outcome.value
-  out = [Finding("compliance", Severity.FAIL, f"parse error: {msg}", _lineno(log, text), text)
-         for text, msg in result["parse_errors"]]
+  # The lines the official parser could not read are the reader's errors: it finds and
+  # reads lines as that parser does (mlbench.resultlog).
+  parse = "Log lines had parsing errors." in result["errors"]
+  out = [Finding("compliance", Severity.FAIL, f"parse error: {msg}", n, text)
+         for n, text, msg in (log.errors if parse else [])]
   for message in result["errors"]:
     if message == "Log lines had parsing errors.":
       continue
@@ -109,8 +116,8 @@ def _file_findings(log: ResultLog, ruleset: str, division: str | None,
                    desc: dict[str, Any] | None, system: str | None,
                    tolerance_ms: float) -> list[Finding]:
   out = checks.parse_errors(log) + checks.timestamps(log, tolerance_ms) + checks.run_order(log)
-  out += checks.resumed(log)
-  out += checks.schedule(log, rules_lib.find(log.benchmark, ruleset))
+  out += checks.repeats(log) + checks.resumed(log)
+  out += checks.schedule(log, rules_lib.find(log.benchmark, ruleset), closed=division != "open")
   required = division == "closed" and ruleset in official.RULESETS_WITH_PACKAGE_CHECKS
   out += checks.seed(log, required=required)
   if desc is not None and system is not None:
@@ -130,38 +137,102 @@ def _file_reports(files: list[tuple[Path, ResultLog]], verdicts: list[tuple[str,
 
 
 def validate(path: Path, *, ruleset: str | None = None, usage: str = "training",
-             timeout_s: float = 120.0, tolerance_ms: float = 1000.0,
+             timeout_s: float = 120.0, tolerance_ms: float = 1000.0, strict: bool = False,
              processes: int | None = None, progress: Progress | None = None) -> Report:
   """Validates a log, a benchmark folder, a package or a folder of packages.
 
   Args:
     timeout_s: the time the official checker may take on one log (and each other
       official tool on one input); a log it runs out of fails.
-    processes: worker processes for the official tools; default: one per core.
+    strict: the exit code follows the strict verdict (warnings fail too).
+    processes: worker processes for the official tools; default: one per core, and
+      one per LOGS_PER_WORKER logs.
     progress: called with (logs checked, logs in all) as the official checker ends on each.
   """
   target = find(Path(path))
-  with official.sigterm_raises(), official.Isolated(processes or _cores(), timeout_s) as tools:
+  # A worker costs a process and its imports: one per LOGS_PER_WORKER logs, up to a core each.
+  n_logs = sum(len(b.files) for b in target.benchmarks)
+  workers = processes or max(1, min(_cores(), n_logs // LOGS_PER_WORKER))
+  with official.sigterm_raises(), official.Isolated(workers, timeout_s) as tools, \
+      official.Isolated(1, timeout_s) as rcp_tools:
     if target.kind == "log":
-      return _validate_one_log(target, ruleset, usage, tools, tolerance_ms, progress)
-    folders = _read_folders(target, ruleset)
-    items = [(p, log, rs) for _, rs, _, logs in folders for p, log in logs]
-    verdicts = iter(_official(items, usage, tools, progress))
-    benchmarks, systems = [], []
-    for bench, rs, how, logs in folders:
-      if isinstance(how, Finding):
-        benchmarks.append(BenchmarkReport(bench, "-", "no logs", [], [how]))
-        continue
-      desc, _ = package_lib.load_system(bench.system_file)
-      division = (desc or {}).get("division")
+      report = _validate_one_log(target, ruleset, usage, tools, tolerance_ms, progress)
+      report.strict = strict
+      return report
+    # The RCP checker's worker starts and imports it (scipy: seconds) while the logs are read;
+    # not for a ruleset without package checks (0.6.0, 0.7.0), which needs neither.
+    needs = ruleset is None or ruleset == rules_lib.MINI or \
+        ruleset in official.RULESETS_WITH_PACKAGE_CHECKS
+    warm = _in_background(lambda: needs and rcp_tools.call(official._tool_import, *RCP_MODULES))
+    folders = _read_folders(target, ruleset, usage)
+    judged = [(f, _describe(target, f)) for f in folders if isinstance(f[2], str)]
+    plans = [package_lib.plan(b, rs, div or _division(logs), usage, [log for _, log in logs])
+             for (b, rs, _, logs), (_, div) in judged]
+    # The RCP checker (its scipy import takes seconds) and the system-description checker
+    # run beside the compliance checker.
+    rcps = _in_background(lambda: (warm(), rcp_lib.rcps(rcp_tools, [p.rcp for p in plans if p.rcp]),
+                                   _systems(target, folders, usage, rcp_tools))[1:])
+    verdicts = iter(_official([(p, log, rs) for (_, rs, _, logs), _ in judged for p, log in logs],
+                              usage, tools, progress))
+    outcomes, systems = rcps()
+    rcp_outcomes = iter(outcomes)
+    reports = {b.folder: BenchmarkReport(b, rs, "not judged", [], [how])
+               for b, rs, how, _ in folders if not isinstance(how, str)}
+    for ((bench, rs, how, logs), (desc, division)), todo in zip(judged, plans):
       files = _file_reports(logs, [next(verdicts) for _ in logs], rs, division, desc,
                             bench.system, tolerance_ms)
-      findings = package_lib.findings(bench, rs, division or _division(logs), usage, tools, files)
-      benchmarks.append(BenchmarkReport(bench, rs, how, files, findings))
-    for package, rs, used in _packages(folders):
-      systems += package_lib.systems(package, rs, usage, used, tools,
-                                   only_used=target.kind == "benchmark")
-  return Report(target, [], benchmarks, systems)
+      found = package_lib.finish(todo, files, next(rcp_outcomes) if todo.rcp else None)
+      if desc is not None and "division" not in desc:  # The package checker reads it first.
+        found.insert(0, Finding("system", Severity.FAIL, f"{bench.system}.json has no "
+                                "division; the official package checker stops on it",
+                                rule=package_lib.SUBMISSION_LAYOUT))
+      reports[bench.folder] = BenchmarkReport(bench, rs, how, files, found)
+    benchmarks = [reports[f[0].folder] for f in folders]
+  return Report(target, [], benchmarks, systems, strict)
+
+
+def _systems(target: Target, folders: list[_Folder], usage: str,
+             tools: official.Isolated) -> list[tuple[Path, list[Finding]]]:
+  """Each package's system descriptions, judged."""
+  return [found for package, rs, used in _packages(target, folders)
+          for found in package_lib.systems(package, rs, usage, used, tools,
+                                           only_used=target.kind in ("benchmark", "system"))]
+
+
+def _describe(target: Target, folder: _Folder) -> tuple[dict[str, Any] | None, str | None]:
+  """A benchmark folder's system description and division (None where unknown)."""
+  desc, _ = package_lib.load_system(_system_file(target, folder[0]))
+  return desc, (desc or {}).get("division")
+
+
+def _in_background(fn: Callable[[], Any]) -> Callable[[], Any]:
+  """Starts `fn` in a thread; the function returned waits for its result (or raises its
+  exception). A thread: the workers it waits on do the work."""
+  box: dict[str, Any] = {}
+
+  def target() -> None:
+    try:
+      box["value"] = fn()
+    except BaseException as e:  # noqa: BLE001 - handed to the caller
+      box["error"] = e
+
+  thread = threading.Thread(target=target, daemon=True)
+  thread.start()
+
+  def result() -> Any:
+    thread.join()
+    if "error" in box:
+      raise box["error"]
+    return box["value"]
+  return result
+
+
+def _system_file(target: Target, bench: Any) -> Path | None:
+  """Where a benchmark folder's system description is: in its package's systems/, also
+  where a package (what the user named) has no systems/ at all."""
+  if bench.system_file is not None or target.kind not in ("package", "packages"):
+    return bench.system_file
+  return bench.folder.parent.parent.parent / "systems" / f"{bench.system}.json"
 
 
 def _cores() -> int:
@@ -171,8 +242,10 @@ def _cores() -> int:
 _Folder = tuple[Any, str, Any, list[tuple[Path, ResultLog]]]  # (bench, ruleset, how, logs)
 
 
-def _read_folders(target: Target, ruleset: str | None) -> list[_Folder]:
-  """Every benchmark folder with its logs read and the ruleset they are judged by."""
+def _read_folders(target: Target, ruleset: str | None, usage: str) -> list[_Folder]:
+  """Every benchmark folder with its logs read and the ruleset they are judged by; `how`
+  is a Finding instead where a folder is not judged (no logs, or one the official
+  package checker skips)."""
   folders: list[_Folder] = []
   for dirs in groups(target).values():
     logs = {b.folder: [(f, ResultLog.read(f)) for f in b.files] for b in dirs}
@@ -182,16 +255,21 @@ def _read_folders(target: Target, ruleset: str | None) -> list[_Folder]:
                   for b in dirs]
       continue
     rs, how = (ruleset, "--ruleset") if ruleset else detect_ruleset(every)
-    folders += [(b, rs, how, logs[b.folder]) for b in dirs]
+    for b in dirs:
+      skip = package_lib.skipped(b, rs, usage)
+      folders.append((b, rs, skip or how, [] if skip else logs[b.folder]))
   return folders
 
 
-def _packages(folders: list[_Folder]) -> list[tuple[Path, str, set[str]]]:
+def _packages(target: Target, folders: list[_Folder]) -> list[tuple[Path, str, set[str]]]:
   """(package, ruleset of its system descriptions, systems its results use), in order."""
   out: dict[Path, tuple[str, set[str]]] = {}
   for bench, rs, how, _ in folders:
-    if bench.package is not None and not isinstance(how, Finding):
-      first = out.setdefault(bench.package, (rules_lib.checker_ruleset(bench.benchmark, rs), set()))
+    system_file = _system_file(target, bench)
+    # A folder the package checker skips still has its system description read first.
+    if system_file is not None and (isinstance(how, str) or how.severity is Severity.WARN):
+      first = out.setdefault(system_file.parent.parent,
+                             (rules_lib.checker_ruleset(bench.benchmark, rs), set()))
       first[1].add(bench.system)
   return [(p, rs, used) for p, (rs, used) in out.items()]
 

@@ -103,7 +103,11 @@ def test_more_than_one_non_converged_run_is_invalid(tmp_path):
       re.sub(r'"value": [0-9.]+', '"value": 0.5', ln) if '"eval_accuracy"' in ln else ln
       for ln in log.read_text().splitlines(keepends=True)))
   [e] = [e for e in compare.compare([root]) if e.bench.benchmark == "resnet"]
-  assert e.dropped == 2 and e.score is None and e.samples_to_converge is None
+  assert e.dropped == 2 and e.score is None
+  # The RCP reader counts convergence by run_stop's status, which result_0 still gives as a
+  # success: result_summarizer reports samples_to_converge 35.0 for this folder (checked by
+  # running it on this copy), and so does compare.
+  assert e.samples_to_converge == 35.0
 
 
 def test_outputs_are_written_once_and_never_overwritten(capsys, tmp_path):

@@ -39,14 +39,28 @@ def _slow_write(pattern: str) -> None:
   sys.addaudithook(hook)
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
   p = argparse.ArgumentParser()
   p.add_argument("--dir", required=True)
   p.add_argument("--fault", choices=("full", "denied", "slow", "final"), required=True)
   p.add_argument("--coordinator")
   p.add_argument("--num-processes", type=int)
   p.add_argument("--process-id", type=int)
-  args = p.parse_args()
+  return p.parse_args()
+
+
+def _fill_disk(folder: str) -> None:
+  """Writes a file beside `folder` until the disk is full."""
+  with open(os.path.join(os.path.dirname(folder), "filler"), "wb", buffering=0) as f:
+    try:
+      while True:
+        f.write(b"\0" * (1 << 20))
+    except OSError:  # No space left on device: full.
+      pass
+
+
+def main() -> None:
+  args = _args()
   deny_writes.install()  # the writes MLBENCH_TEST_DENY refuses (none without it)
 
   from mlbench.train import runtime
@@ -89,12 +103,7 @@ def main() -> None:
   ck.settle()
   multihost_utils.sync_global_devices("saved")
   if args.fault in ("full", "final") and me == 0:
-    with open(os.path.join(os.path.dirname(args.dir), "filler"), "wb", buffering=0) as f:
-      try:
-        while True:
-          f.write(b"\0" * (1 << 20))
-      except OSError:  # No space left on device: full.
-        pass
+    _fill_disk(args.dir)
   multihost_utils.sync_global_devices("failing")
   if args.fault == "final":
     ck.after_step(10, state, sums)

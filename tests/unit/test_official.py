@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from mlbench.errors import Interrupted
-from mlbench.verify import official, screen
+from mlbench.verify import official, rcp, screen
 from mlbench.resultlog import ResultLog
 
 
@@ -91,7 +91,8 @@ def test_the_screen_flags_exactly_the_lines_that_crash_the_official_checker(tmp_
     out = tools.call(official._tool_compliance, str(path), "training", "4.0.0", None)
   if raised is None:
     assert found is None
-    assert out.error is None and out.value["valid"] is False and out.value["parse_errors"]
+    assert out.error is None and out.value["valid"] is False
+    assert "Log lines had parsing errors." in out.value["errors"]
   else:
     assert found.lineno == 31 and f"would crash the official parser ({raised}" in found.reason
     assert out.error.startswith(raised)
@@ -113,11 +114,11 @@ SSD = REAL.parents[1] / "ssd"  # Dell's five v4.0 ssd runs: the RCP check passes
 
 @pytest.fixture
 def rcp_folder(tmp_path, monkeypatch):
-  """A copy of SSD with what must not be copied beside the logs, and temporary folders
-  made where the test can see them."""
-  folder = tmp_path / "results" / "ssd"
+  """A copy of SSD with what the RCP check must not follow beside the logs, and temporary
+  folders made where the test can see them."""
+  folder = tmp_path / "user" / "ssd"
   shutil.copytree(SSD, folder)
-  os.mkfifo(folder / "notes.fifo")                 # copytree: "is a named pipe"
+  os.mkfifo(folder / "notes.fifo")
   (folder / "dangling").symlink_to(tmp_path / "gone")
   (folder / "data").symlink_to(tmp_path.parent)    # a link to a large tree
   monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
@@ -129,15 +130,16 @@ def _logs(folder):
   return sorted(folder.glob("result_*.txt"))
 
 
-def test_the_rcp_check_copies_the_logs_only_and_leaves_nothing(rcp_folder):
+def test_the_rcp_check_writes_nothing_beside_the_logs_and_leaves_nothing(rcp_folder):
+  before = sorted(p.name for p in rcp_folder.iterdir())
   with official.Isolated(1, 60) as tools:
-    out = official.rcp(tools, _logs(rcp_folder), "training", "4.0.0", False)
+    out = rcp.rcp(tools, _logs(rcp_folder), "training", "4.0.0", False)
     assert out.error is None and out.value["passed"] is True, out
-    assert not (rcp_folder / "scaling.json").exists()  # written into the copy only
+    assert sorted(p.name for p in rcp_folder.iterdir()) == before  # no scaling.json here
     assert list((rcp_folder.parents[1] / "tmp").iterdir()) == []
     # A worker killed for its time limit cannot remove its folder: none was its own.
     slow = official.Isolated(1, 0.5)
-    out = official.rcp(slow, _logs(rcp_folder), "training", "4.0.0", False)
+    out = rcp.rcp(slow, _logs(rcp_folder), "training", "4.0.0", False)
     slow.close()
     assert out.error == "timed out after 0.5 s"
     assert list((rcp_folder.parents[1] / "tmp").iterdir()) == []
@@ -156,7 +158,7 @@ def test_a_sigterm_during_the_rcp_check_kills_the_worker_and_removes_the_copy(rc
   threading.Thread(target=terminate_once_copied, daemon=True).start()
   with pytest.raises(Interrupted, match="^interrupted by SIGTERM; nothing was written$"):
     with official.sigterm_raises(), official.Isolated(1, 60) as tools:
-      official.rcp(tools, _logs(rcp_folder), "training", "4.0.0", False)
+      rcp.rcp(tools, _logs(rcp_folder), "training", "4.0.0", False)
       returned = True
       time.sleep(60)  # Only if the signal came late: it must still come in here.
   assert not returned and list(copies.iterdir()) == []
@@ -168,7 +170,9 @@ def test_an_rcp_error_names_the_users_file(rcp_folder):
   log.write_text(re.sub(r'("key": "eval_accuracy", "value": [0-9.]+, "metadata": )\{[^}]*\}',
                         r"\1{}", log.read_text()))
   with official.Isolated(1, 60) as tools:
-    out = official.rcp(tools, _logs(rcp_folder), "training", "4.0.0", False)
-  assert out.error == "cannot read result_3.txt (KeyError: 'epoch_num')"
+    out = rcp.rcp(tools, _logs(rcp_folder), "training", "4.0.0", False)
+  line = next(n for n, text in enumerate(log.read_text().splitlines(), 1)
+              if '"key": "eval_accuracy"' in text)
+  assert out.error == f"cannot read result_3.txt (line {line}: KeyError: 'epoch_num')"
   copies = str(rcp_folder.parents[1] / "tmp")
   assert not any(copies in m for m in out.messages)

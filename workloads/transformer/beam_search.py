@@ -93,7 +93,6 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch: int, beam: int, max_l
     keep_logp_BK, keep_B2K = jax.lax.top_k(jnp.where(ends_B2, NEG_INF, top_logp_B2), beam)
     live_BKL = jnp.take_along_axis(seqs_B2L, keep_B2K[..., None], axis=1)
     cache = _gather_rows(cache, jnp.take_along_axis(top_beam_B2, keep_B2K, 1), beam)
-
     # Finished: merge the extensions that end here with those finished before.
     new_score_B2 = jnp.where(ends_B2, top_logp_B2 / length_penalty(i + 1.0, alpha), NEG_INF)
     all_score_BX = jnp.concatenate([done_score_BK, new_score_B2], axis=1)
