@@ -215,20 +215,21 @@ def test_a_log_the_official_tools_cannot_judge_is_not_judged_not_not_converged(c
   shutil.copytree(DATA / "v4.0/Dell/results/XE9680x8H100-SXM-80GB/ssd", bench)
   shutil.copytree(DATA / "v4.0/Dell/systems", root / "systems")
   for name, extra in (("result_1.txt", _note("x" * 300_000)),  # hours in the official parser
-                      ("result_2.txt", _note("y" * 64_000) * 4)):  # under it; 10+ s there
+                      # The most the screen lets through: 4 s of regex on an idle core.
+                      ("result_2.txt", _note("y" * 64_000) * 4)):
     lines = (bench / name).read_text().splitlines(keepends=True)
     (bench / name).write_text("".join(lines[:30]) + extra + "".join(lines[30:]))
   out = tmp_path / "cmp.json"
-  assert main(["compare", str(root), "--ruleset", "4.0.0", "--timeout", "5", "--json",
+  assert main(["compare", str(root), "--ruleset", "4.0.0", "--timeout", "2", "--json",
                str(out)]) == 0
   err = capsys.readouterr().err
   [e] = json.loads(out.read_text())["entries"]
   problems = [r["not_judged"] for r in e["runs"]]
   assert problems[1].startswith("not run: line 31 is 300,1") and "would stall" in problems[1]
-  assert problems[2].startswith("timed out after 5 s reading result_2.txt, near line 3")
+  assert problems[2].startswith("timed out after 2 s reading result_2.txt, near line 3")
   assert problems[0] is problems[3] is problems[4] is None and e["runs"][0]["converged"]
   assert e["score_minutes"] is None and e["samples_to_converge"] is None and e["speedup"] is None
   assert e["rcp"] == "Not run (result_1.txt not judged)" and e["rcp_factor"] is None
   assert "not judged" in err and "36.295? " in err and "*" not in err.split("\n* ")[0]
   assert f"? not judged, so ssd on XE9680x8H100-SXM-80GB has no score: {bench}/result_2.txt: " \
-         "timed out after 5 s" in err.replace("\n", " ")
+         "timed out after 2 s" in err.replace("\n", " ")
