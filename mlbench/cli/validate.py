@@ -48,7 +48,10 @@ def validate_cmd(path: str, ruleset: str | None, usage: str, as_json: bool, time
   from mlbench.storage import paths, writes
   from mlbench.verify import validate
 
-  console = output.console()
+  console = output.console()  # progress and notes
+  # The report is the command's product: stdout, where `> report.txt` keeps it; with
+  # --json the JSON is, and the report joins the notes on stderr.
+  out = output.console(stderr=as_json)
   # The official tools read local files: a bucket's logs are read into a local copy.
   with writes.fetched(paths.path(path, "validate"), "validate") as local:
     output.note_pending([local], console)
@@ -56,7 +59,7 @@ def validate_cmd(path: str, ruleset: str | None, usage: str, as_json: bool, time
       report = validate.validate(local, ruleset=ruleset, usage=usage, timeout_s=timeout_s,
                                  tolerance_ms=tolerance_ms, strict=strict, processes=jobs,
                                  progress=progress)
-    _print(report, console)
+    _print(report, out)
     if as_json:
       click.echo(json.dumps(output.unfetched(report.to_json(), local, path), indent=2))
   return report.exit_code

@@ -440,3 +440,36 @@ def test_a_system_folder_judges_its_own_system_description_only(capsys, package)
   assert [Path(s["path"]).name for s in report["systems"]] == ["XE9680x8H100-SXM-80GB.json"]
   assert validate(capsys, package)[0] == 1  # The package's validation still reads it.
 
+
+COMMAND = (sys.executable, "-c", "import sys; from mlbench.cli import main; sys.exit(main())")
+
+
+def _stale_pending_log(folder: Path) -> Path:
+  """A killed run's leftover log (its process gone): validate and compare note it on stderr."""
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True).stdout.strip()
+  log = folder / f"pending_{dead}_0123abcd.log"
+  log.write_text("a killed run's log\n")
+  return log
+
+
+def test_the_report_goes_to_stdout_the_notes_to_stderr(tmp_path, package):
+  """`mlbench validate PKG > report.txt` keeps the report (verdicts, tables, exit code line);
+  progress and notes go to stderr; with --json the JSON alone is on stdout and the report
+  joins the notes; the exit code is the verdict's either way."""
+  _stale_pending_log(_bench(package))
+  (_bench(package) / "result_4.txt").unlink()  # a failing package: exit 1
+  for as_json in (False, True):
+    report = tmp_path / f"report{int(as_json)}.txt"
+    with open(report, "w") as stdout:
+      done = subprocess.run([*COMMAND, "validate", *(["--json"] * as_json), str(package)],
+                            stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300)
+    out, err = report.read_text(), done.stderr
+    assert done.returncode == 1, err
+    assert "note: ignoring 1 log(s) of killed runs" in err and "note:" not in out
+    human, other = (err, out) if as_json else (out, err)
+    for part in ("result logs", "benchmarks (olympic scoring)", "exit code 1"):
+      assert part in human and part not in other, part
+    assert "4 result_*.txt files, the rules want exactly 5" in human
+    if as_json:
+      assert json.loads(out)["exit_code"] == 1
