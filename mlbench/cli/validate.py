@@ -103,6 +103,7 @@ MAX_ROWS = 40  # a longer table of logs lists the failing ones only: the rest ar
 
 
 def _files_table(report, files, console) -> None:
+  from rich.markup import escape
   from rich.table import Table
 
   root = report.target.path if report.target.path.is_dir() else report.target.path.parent
@@ -119,7 +120,8 @@ def _files_table(report, files, console) -> None:
     own = "FAIL" if mine or (report.strict and warns) else (
         "PASS" + (f" ({len(warns)} warn)" if warns else ""))
     table.add_row(_rel(f.path, root), str(f.benchmark), f.ruleset, _mark(f.checker), _mark(own),
-                  f"{first.check}: {first.message}" if first else "",
+                  escape(f"{first.check}: {first.message}"
+                         + (f" [{first.rule}]" if first.rule else "")) if first else "",
                   str(first.lineno) if first and first.lineno else "")
   console.print(table)
 
