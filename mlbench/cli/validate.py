@@ -28,7 +28,9 @@ from mlbench.cli import output
               help="Logs checked at once by the official checker.  [default: one per core "
                    "and per 20 logs]")
 @click.option("--tolerance-ms", type=click.FloatRange(min=0), default=1000.0, show_default=True,
-              help="Steps back in time up to this many ms are clock skew, not a broken order.")
+              help="Clock skew between a job's processes: a step back in time of up to this "
+                   "many ms is no broken order, an evaluation this late after run_stop no clock "
+                   "stopped early.")
 @click.option("--strict", is_flag=True, envvar="MLBENCH_STRICT",
               help="Fail on warnings too: anything mlbench notices that no written rule "
                    "forbids (placeholders, a status word, order outside the timed region).")
