@@ -318,14 +318,21 @@ def table(rows: list[dict]) -> str:
   by_round = collections.defaultdict(list)
   for r in rows:
     by_round[r["package"].split("/")[0]].append(r)
-  lines.append("| round | packages | verdicts equal | official s | mlbench s | "
-               "mlbench faster on |")
-  lines.append("|---|---|---|---|---|---|")
+  lines.append("| round | packages | logs | official PASS / FAIL / CRASH | verdicts equal | "
+               "official s | mlbench s | mlbench faster on | "
+               + " | ".join(f"WARN {k}" for k in kinds) + " |")
+  lines.append("|---" * (8 + len(kinds)) + "|")
   for rnd, rs in by_round.items():
     equal = sum(agree(r) for r in rs)
     faster = sum(r["mlbench_s"] <= r["official_s"] for r in rs)
-    lines.append(f"| {rnd} | {len(rs)} | {equal} | {sum(r['official_s'] for r in rs):.0f} | "
-                 f"{sum(r['mlbench_s'] for r in rs):.0f} | {faster} |")
+    verdicts = collections.Counter(r["official"] for r in rs)
+    warned = collections.Counter()
+    for r in rs:
+      warned.update(r["warnings"])
+    lines.append(f"| {rnd} | {len(rs)} | {sum(r['logs'] for r in rs)} | {verdicts['PASS']} / "
+                 f"{verdicts['FAIL']} / {verdicts['CRASH']} | {equal} | "
+                 f"{sum(r['official_s'] for r in rs):.0f} | {sum(r['mlbench_s'] for r in rs):.0f}"
+                 f" | {faster} | " + " | ".join(str(warned.get(k, "")) for k in kinds) + " |")
   return "\n".join(lines)
 
 

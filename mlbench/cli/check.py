@@ -58,13 +58,15 @@ def check_cmd(workload: str, config_name: str | None, overrides: tuple[str, ...]
   plan, note = _topology_plan(rc, topology) if topology else _local_plan(rc)
   report = check.dry_run(plan, topology=topology, convergence=convergence(plan, log))
   axes = parallel.report(plan, report)  # the spatial and stage axes, where the mesh has them
-  console = output.console()
-  _print(report, console)
+  # The report is the command's product: stdout, where `> report.txt` keeps it; with
+  # --json the JSON is, and the report joins the notes on stderr.
+  out = output.console(stderr=as_json)
+  _print(report, out)
   if note:
-    console.print(note, highlight=False)
+    out.print(note, highlight=False)
   for line in parallel.lines(axes, readable=report.programs[0].hlo_readable) if axes else ():
-    console.print(line, highlight=False)
-  console.print(compile_cache.stats().summary(), highlight=False)
+    out.print(line, highlight=False)
+  output.console().print(compile_cache.stats().summary(), highlight=False)
   if as_json:
     click.echo(json.dumps({**report.to_json(), "compile_cache": compile_cache.stats().to_json(),
                            "parallel": dataclasses.asdict(axes) if axes else None}, indent=2))

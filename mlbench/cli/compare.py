@@ -45,7 +45,7 @@ def compare_cmd(paths: tuple[str, ...], ruleset: str | None, csv_file: Path | No
     _check_output(option, f)
   from mlbench.verify import compare
 
-  console = output.console()
+  console = output.console()  # notes
   with contextlib.ExitStack() as stack:
     # The official tools read local files: a bucket's logs are read into a local copy.
     local = {stack.enter_context(writes.fetched(path_lib.path(p, "compare"), "compare")): p
@@ -55,7 +55,8 @@ def compare_cmd(paths: tuple[str, ...], ruleset: str | None, csv_file: Path | No
                for e in compare.compare(list(local), ruleset=ruleset, timeout_s=timeout_s)]
   if not entries:
     raise UserError("no result logs under " + ", ".join(map(str, paths)))
-  _table(entries, console)
+  # The table is the command's product: stdout, where `> table.txt` keeps it.
+  _table(entries, output.console(stderr=False))
   rows = compare.rows(entries)
   if csv_file:
     _write_new(csv_file, _csv(rows))

@@ -69,6 +69,7 @@ def prepare_cmd(dataset: str, raw: str | None, out: str | None, workers: int, dr
 
 
 def _show_plan(console, job, out) -> None:
+  """What a dry run would write, on stdout (its product); the notes on `console`."""
   from mlbench.storage import paths
   from mlbench.datasets import shards
 
@@ -76,6 +77,7 @@ def _show_plan(console, job, out) -> None:
     left, notes = shards.todo(out, job.shards, job.options)
   for note in notes:
     console.print(note, highlight=False, markup=False)
+  console = output.console(stderr=False)
   console.print(f"dry run: {len(left)} of {len(job.shards)} shards to write into {out} "
                 f"({len(job.shards) - len(left)} already finished)", highlight=False)
   for s in job.shards:

@@ -28,7 +28,9 @@ from mlbench.cli import output
               help="Logs checked at once by the official checker.  [default: one per core "
                    "and per 20 logs]")
 @click.option("--tolerance-ms", type=click.FloatRange(min=0), default=1000.0, show_default=True,
-              help="Steps back in time up to this many ms are clock skew, not a broken order.")
+              help="Clock skew between a job's processes: a step back in time of up to this "
+                   "many ms is no broken order, an evaluation this late after run_stop no clock "
+                   "stopped early.")
 @click.option("--strict", is_flag=True, envvar="MLBENCH_STRICT",
               help="Fail on warnings too: anything mlbench notices that no written rule "
                    "forbids (placeholders, a status word, order outside the timed region).")
@@ -48,7 +50,10 @@ def validate_cmd(path: str, ruleset: str | None, usage: str, as_json: bool, time
   from mlbench.storage import paths, writes
   from mlbench.verify import validate
 
-  console = output.console()
+  console = output.console()  # progress and notes
+  # The report is the command's product: stdout, where `> report.txt` keeps it; with
+  # --json the JSON is, and the report joins the notes on stderr.
+  out = output.console(stderr=as_json)
   # The official tools read local files: a bucket's logs are read into a local copy.
   with writes.fetched(paths.path(path, "validate"), "validate") as local:
     output.note_pending([local], console)
@@ -56,7 +61,7 @@ def validate_cmd(path: str, ruleset: str | None, usage: str, as_json: bool, time
       report = validate.validate(local, ruleset=ruleset, usage=usage, timeout_s=timeout_s,
                                  tolerance_ms=tolerance_ms, strict=strict, processes=jobs,
                                  progress=progress)
-    _print(report, console)
+    _print(report, out)
     if as_json:
       click.echo(json.dumps(output.unfetched(report.to_json(), local, path), indent=2))
   return report.exit_code
@@ -100,6 +105,7 @@ MAX_ROWS = 40  # a longer table of logs lists the failing ones only: the rest ar
 
 
 def _files_table(report, files, console) -> None:
+  from rich.markup import escape
   from rich.table import Table
 
   root = report.target.path if report.target.path.is_dir() else report.target.path.parent
@@ -116,7 +122,8 @@ def _files_table(report, files, console) -> None:
     own = "FAIL" if mine or (report.strict and warns) else (
         "PASS" + (f" ({len(warns)} warn)" if warns else ""))
     table.add_row(_rel(f.path, root), str(f.benchmark), f.ruleset, _mark(f.checker), _mark(own),
-                  f"{first.check}: {first.message}" if first else "",
+                  escape(f"{first.check}: {first.message}"
+                         + (f" [{first.rule}]" if first.rule else "")) if first else "",
                   str(first.lineno) if first and first.lineno else "")
   console.print(table)
 

@@ -12,6 +12,7 @@ official system-description check.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import threading
@@ -20,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from mlbench import compliance, rules as rules_lib
-from mlbench.verify import checks, official, package as package_lib, rcp as rcp_lib, screen
+from mlbench.verify import (cadence, checks, official, package as package_lib, rcp as rcp_lib,
+                            screen, timing)
 from mlbench.verify.checks import Finding, Severity
 from mlbench.verify.report import BenchmarkReport, FileReport, Report
 from mlbench.resultlog import ResultLog
@@ -89,6 +91,32 @@ def _official(items: list[tuple[Path, ResultLog, str]], usage: str, tools: offic
   return out
 
 
+def _closed_checks(items: list[tuple[Path, ResultLog, str]], usage: str,
+                   tools: official.Isolated) -> dict[Path, list[Finding]]:
+  """The official checker's closed rules (its `closed_common.yaml`, which adds the
+  benchmark's) on the logs that said open on a closed system (`checks.needs_closed_checks`):
+  what they fail, as FAIL findings citing Divisions (and Quality measure for the target).
+  Not on a log the official checker was not run on (it fails already)."""
+  calls, todo = [], []
+  for path, log, rs in items:
+    p, u, r, config = compliance.checker_args(path, log.benchmark, rs, usage)
+    rules = Path(config).parent if config else compliance.checker_package_dir() / f"{u}_{r}"
+    if (rules / "closed_common.yaml").is_file() and screen.check(log, r) is None:
+      calls.append((p, u, r, str(rules / "closed_common.yaml")))
+      todo.append((path, log, rs))
+  out = {}
+  for (path, log, rs), outcome in zip(todo, tools.map(official._tool_compliance, calls)):
+    rule = rules_lib.find(log.benchmark, rs)
+    quality = rule.quality.key if rule is not None else "eval_accuracy"
+    found = [f for f in _checker_findings(outcome, log)[1] if not f.message.startswith("parse")]
+    out[path] = [dataclasses.replace(
+        f, check="division", message=f"submission_division {log.division!r} on a closed system, "
+        f"so held to the closed rules, which the official checker fails: {f.message}",
+        rule=checks.DIVISIONS + (f"; {checks.QUALITY_MEASURE}" if quality in f.message else ""))
+        for f in found]
+  return out
+
+
 def _one_finding(message: str, log: ResultLog) -> Finding:
   if m := _CHECK_FAILED.match(message):
     return Finding("compliance", Severity.FAIL, f"{m.group(1)}: failed test {m.group(4).strip()}",
@@ -115,9 +143,9 @@ def _lineno(log: ResultLog, text: str) -> int | None:
 def _file_findings(log: ResultLog, ruleset: str, division: str | None,
                    desc: dict[str, Any] | None, system: str | None,
                    tolerance_ms: float) -> list[Finding]:
-  out = checks.parse_errors(log) + checks.timestamps(log, tolerance_ms) + checks.run_order(log)
-  out += checks.repeats(log) + checks.resumed(log)
-  out += checks.schedule(log, rules_lib.find(log.benchmark, ruleset), closed=division != "open")
+  out = checks.parse_errors(log) + timing.timestamps(log, tolerance_ms) + timing.run_order(log)
+  out += timing.repeats(log) + checks.resumed(log)
+  out += cadence.schedule(log, rules_lib.find(log.benchmark, ruleset), closed=division != "open")
   required = division == "closed" and ruleset in official.RULESETS_WITH_PACKAGE_CHECKS
   out += checks.seed(log, required=required)
   if desc is not None and system is not None:
@@ -127,12 +155,14 @@ def _file_findings(log: ResultLog, ruleset: str, division: str | None,
 
 def _file_reports(files: list[tuple[Path, ResultLog]], verdicts: list[tuple[str, list[Finding]]],
                   ruleset: str, division: str | None, desc: dict[str, Any] | None,
-                  system: str | None, tolerance_ms: float) -> list[FileReport]:
+                  system: str | None, tolerance_ms: float,
+                  closed: dict[Path, list[Finding]]) -> list[FileReport]:
   out = []
   for (path, log), (verdict, official_findings) in zip(files, verdicts):
     div = division or log.division
     out.append(FileReport(path, log.benchmark, ruleset, verdict, official_findings,
-                          _file_findings(log, ruleset, div, desc, system, tolerance_ms)))
+                          _file_findings(log, ruleset, div, desc, system, tolerance_ms)
+                          + closed.get(path, [])))
   return out
 
 
@@ -174,13 +204,16 @@ def validate(path: Path, *, ruleset: str | None = None, usage: str = "training",
                                    _systems(target, folders, usage, rcp_tools))[1:])
     verdicts = iter(_official([(p, log, rs) for (_, rs, _, logs), _ in judged for p, log in logs],
                               usage, tools, progress))
+    closed = _closed_checks([(p, log, rs) for (_, rs, _, logs), (desc, _) in judged
+                             for p, log in logs if checks.needs_closed_checks(log, desc)],
+                            usage, tools)
     outcomes, systems = rcps()
     rcp_outcomes = iter(outcomes)
     reports = {b.folder: BenchmarkReport(b, rs, "not judged", [], [how])
                for b, rs, how, _ in folders if not isinstance(how, str)}
     for ((bench, rs, how, logs), (desc, division)), todo in zip(judged, plans):
       files = _file_reports(logs, [next(verdicts) for _ in logs], rs, division, desc,
-                            bench.system, tolerance_ms)
+                            bench.system, tolerance_ms, closed)
       found = package_lib.finish(todo, files, next(rcp_outcomes) if todo.rcp else None)
       if desc is not None and "division" not in desc:  # The package checker reads it first.
         found.insert(0, Finding("system", Severity.FAIL, f"{bench.system}.json has no "
@@ -289,8 +322,10 @@ def _validate_one_log(target: Target, ruleset: str | None, usage: str, tools: of
   desc, _ = package_lib.load_system(package / "systems" / f"{system}.json" if package else None)
   files = [(target.log, log)]
   verdicts = _official([(target.log, log, rs)], usage, tools, progress)
+  closed = _closed_checks([(target.log, log, rs)] if checks.needs_closed_checks(log, desc)
+                          else [], usage, tools)
   return Report(target, _file_reports(files, verdicts, rs, (desc or {}).get("division"), desc,
-                                      system if desc else None, tolerance_ms), [], [])
+                                      system if desc else None, tolerance_ms, closed), [], [])
 
 
 def _division(pairs: list[tuple[Path, ResultLog]]) -> str | None:

@@ -114,8 +114,9 @@ def test_outputs_are_written_once_and_never_overwritten(capsys, tmp_path):
   out = {k: tmp_path / f"cmp.{k}" for k in ("csv", "json", "png")}
   code = main(["compare", str(DATA / "v0.7/Google"), str(DATA / "v4.0/Dell"),
                "--csv", str(out["csv"]), "--json", str(out["json"]), "--plot", str(out["png"])])
-  err = capsys.readouterr().err
-  assert code == 0 and "MLPerf scores" in err and "Traceback" not in err
+  got = capsys.readouterr()  # the table is the product: stdout
+  assert code == 0 and "MLPerf scores" in got.out and "MLPerf scores" not in got.err
+  assert "Traceback" not in got.err
   rows = list(csv.DictReader(out["csv"].open()))
   assert len(rows) == 5  # 4 Google systems, 1 Dell
   for column in ("division", "submitter", "system", "resnet:time_to_train", "resnet:GBS",
@@ -141,7 +142,7 @@ def test_a_system_folder_compares_its_benchmarks_as_its_package_does(entries, ca
   for bench, e in got.items():
     assert e.score == want[bench].score and e.gbs == want[bench].gbs, bench
   assert main(["compare", str(system)]) == 0
-  assert "tpu-v3-8192-JAX" in capsys.readouterr().err
+  assert "tpu-v3-8192-JAX" in capsys.readouterr().out
 
 
 def test_a_single_log_is_not_a_submission(capsys):
@@ -222,7 +223,7 @@ def test_a_log_the_official_tools_cannot_judge_is_not_judged_not_not_converged(c
   out = tmp_path / "cmp.json"
   assert main(["compare", str(root), "--ruleset", "4.0.0", "--timeout", "2", "--json",
                str(out)]) == 0
-  err = capsys.readouterr().err
+  table = capsys.readouterr().out
   [e] = json.loads(out.read_text())["entries"]
   problems = [r["not_judged"] for r in e["runs"]]
   assert problems[1].startswith("not run: line 31 is 300,1") and "would stall" in problems[1]
@@ -230,6 +231,27 @@ def test_a_log_the_official_tools_cannot_judge_is_not_judged_not_not_converged(c
   assert problems[0] is problems[3] is problems[4] is None and e["runs"][0]["converged"]
   assert e["score_minutes"] is None and e["samples_to_converge"] is None and e["speedup"] is None
   assert e["rcp"] == "Not run (result_1.txt not judged)" and e["rcp_factor"] is None
-  assert "not judged" in err and "36.295? " in err and "*" not in err.split("\n* ")[0]
+  assert "not judged" in table and "36.295? " in table and "*" not in table.split("\n* ")[0]
   assert f"? not judged, so ssd on XE9680x8H100-SXM-80GB has no score: {bench}/result_2.txt: " \
-         "timed out after 2 s" in err.replace("\n", " ")
+         "timed out after 2 s" in table.replace("\n", " ")
+
+
+def test_the_table_goes_to_stdout_the_notes_to_stderr(tmp_path):
+  """`mlbench compare PKG > table.txt` keeps the table (and its legend); notes go to stderr."""
+  root = tmp_path / "Dell"
+  shutil.copytree(DATA / "v4.0/Dell/systems", root / "systems")
+  shutil.copytree(DATA / "v4.0/Dell/results/XE9680x8H100-SXM-80GB/ssd",
+                  root / "results/XE9680x8H100-SXM-80GB/ssd")
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True).stdout.strip()
+  (root / f"results/XE9680x8H100-SXM-80GB/ssd/pending_{dead}_0123abcd.log").write_text("killed")
+  table = tmp_path / "table.txt"
+  with open(table, "w") as stdout:
+    done = subprocess.run([sys.executable, "-c", "import sys; from mlbench.cli import main; "
+                           "sys.exit(main())", "compare", str(root)], stdout=stdout,
+                          stderr=subprocess.PIPE, text=True, timeout=300)
+  out = table.read_text()
+  assert done.returncode == 0, done.stderr
+  assert "MLPerf scores" in out and "XE9680x8H100-SXM-80GB" in out and "* did not converge" in out
+  assert "MLPerf scores" not in done.stderr and "note: ignoring 1 log(s) of killed runs" in \
+      done.stderr and "note:" not in out

@@ -45,6 +45,12 @@ def test_a_second_process_loads_the_programs_the_first_compiled(mlbench, tmp_pat
   assert "program(s) loaded" in second.stderr
   # A loaded executable reports the same memory, FLOPs and collectives.
   assert _programs(loaded) == _programs(written)
+  # Without --json the report is the product, on stdout (`> report.txt` keeps it); the cache's
+  # note stays on stderr.
+  plain = mlbench(*_CHECK[:-1], "--compile-cache", str(cache))
+  assert plain.returncode == 0, plain.stderr[-2000:]
+  assert "compiled programs" in plain.stdout and "train step" in plain.stdout
+  assert "program(s) loaded" in plain.stderr and "compiled programs" not in plain.stderr
 
 
 def test_the_off_switch_makes_no_cache_folder(monkeypatch, tmp_path):

@@ -62,11 +62,12 @@ def test_validate_ignores_a_killed_runs_log_with_a_note(capsys, tmp_path, write_
   write_log(folder / "result_0.txt", [0.5, 0.76])
   stale = _stale(folder, (folder / "result_0.txt").read_text())
   rc = main(["validate", str(folder)])
-  err = capsys.readouterr().err
-  assert rc == 1, err  # One run of the five a package needs; the leftover is not a sixth.
-  assert "runs: 1 result_*.txt files" in err
-  assert f"note: ignoring 1 log(s) of killed runs in {folder} ({stale.name})" in err
-  assert "result_0.txt" in err and stale.name not in err.split("\n", 1)[1]
+  got = capsys.readouterr()
+  assert rc == 1, got  # One run of the five a package needs; the leftover is not a sixth.
+  assert "runs: 1 result_*.txt files" in got.out  # the report, on stdout
+  assert got.err == f"note: ignoring 1 log(s) of killed runs in {folder} ({stale.name}); " \
+      "`mlbench run` there moves them to runs/\n"  # the note, on stderr
+  assert "result_0.txt" in got.out and stale.name not in got.out
 
 
 def test_check_writable_refuses_a_missing_mount_and_a_file(tmp_path):
@@ -116,7 +117,7 @@ def test_after_sigkill_the_next_run_files_the_leftover_away(mlbench, processes, 
   proc.wait()
   [leftover] = list(folder.glob("pending_*.log"))
   out = mlbench("validate", str(tmp_path / "results"), cwd=tmp_path, timeout=300)
-  assert out.returncode == 1 and "runs: no result_*.txt files" in out.stderr, out.stderr
+  assert out.returncode == 1 and "runs: no result_*.txt files" in out.stdout, out.stderr
   assert "note: ignoring 1 log(s) of killed runs in" in out.stderr
   (folder / "result_0.txt").write_text("an earlier run")
   out = mlbench(*args, cwd=tmp_path)
@@ -146,7 +147,7 @@ def test_validate_reports_a_resumed_run(capsys, tmp_path, write_log):
   with open(resumed, "a") as f:
     f.writelines(lines[cut:])
   rc = main(["validate", str(resumed)])
-  err = capsys.readouterr().err
-  assert rc == 0, err
+  out = capsys.readouterr().out
+  assert rc == 0, out
   assert ("INFO resumed: the run was interrupted and resumed from its checkpoint of step 11 on 4 "
-          "devices; 12.5 s were lost and are in its time") in err
+          "devices; 12.5 s were lost and are in its time") in out

@@ -16,6 +16,7 @@ import pytest
 from mlbench import system
 from mlbench.storage import results
 from mlbench.cli import main
+from mlbench.verify import checks, timing
 
 DATA = Path(__file__).parents[1] / "data" / "mlperf-results"
 ROUNDS = {"v0.7": "0.7.0", "v4.0": "4.0.0"}  # the rounds these packages were published in
@@ -114,15 +115,28 @@ def test_the_clean_copy_passes(capsys, package):
   assert validate(capsys, package)[0] == 0
 
 
-@pytest.mark.parametrize("breakage, check, message", [
-    ("truncate", "compliance", "parse error"),
-    ("malformed", "compliance", "parse error"),
-    ("no_run_stop", "compliance", "run_stop"),
-    ("time_back", "timestamps", "time goes back"),
+def _stamp(line: str) -> int:
+  return json.loads(line.split(":::MLLOG ", 1)[1])["time_ms"]
+
+
+def _restamp(lines: list[str], i: int, time_ms: int) -> None:
+  lines[i] = lines[i].replace(f'"time_ms": {_stamp(lines[i])}', f'"time_ms": {time_ms}')
+
+
+@pytest.mark.parametrize("breakage, check, message, rule", [
+    ("truncate", "compliance", "parse error", None),
+    ("malformed", "compliance", "parse error", None),
+    ("no_run_stop", "compliance", "run_stop", None),
+    # An evaluation of the run timed 2 h back, before run_start: the clock started late.
+    ("before_run_start", "timestamps", "before run_start", timing.RUN_RESULTS),
+    # run_stop stamped 600 s before the evaluation that reached the target (still after
+    # run_start): the clock stopped early.
+    ("run_stop_early", "timestamps", "s before the evaluation on line", timing.CLOCK_STOPPED_EARLY),
 ])
-def test_a_broken_log_fails_with_the_rule_and_line(capsys, package, breakage, check, message):
+def test_a_broken_log_fails_with_the_rule_and_line(capsys, package, breakage, check, message, rule):
   log = _bench(package) / "result_2.txt"
   lines = log.read_text().splitlines(keepends=True)
+  at = None  # the 1-based line the finding must point at
   if breakage == "truncate":  # Cut in the middle of the last log line, as a full disk would.
     last = max(n for n, ln in enumerate(lines) if ":::MLLOG" in ln)
     log.write_text("".join(lines[:last]) + lines[last][: len(lines[last]) // 2])
@@ -131,16 +145,26 @@ def test_a_broken_log_fails_with_the_rule_and_line(capsys, package, breakage, ch
                    + "".join(lines[40:]))
   elif breakage == "no_run_stop":
     log.write_text("".join(ln for ln in lines if '"run_stop"' not in ln))
-  else:
+  elif breakage == "before_run_start":
     i = next(n for n, ln in enumerate(lines) if '"eval_start"' in ln)
-    stamp = json.loads(lines[i].split(":::MLLOG ", 1)[1])["time_ms"]
-    lines[i] = lines[i].replace(str(stamp), str(stamp - 7_200_000))
+    _restamp(lines, i, _stamp(lines[i]) - 7_200_000)
     log.write_text("".join(lines))
+    at = i + 1
+  else:
+    stop = next(n for n, ln in enumerate(lines) if '"run_stop"' in ln)
+    reached = max(n for n, ln in enumerate(lines[:stop]) if '"eval_accuracy"' in ln)
+    _restamp(lines, stop, _stamp(lines[reached]) - 600_000)
+    log.write_text("".join(lines))
+    at = reached + 1
+    message = f"run_stop (line {stop + 1}) is timed 600.0 s before the evaluation on line {at}"
   code, report, _ = validate(capsys, package)
   bad = _files(report)[str(log)]
   assert bad["verdict"] == "FAIL"
-  found = bad["checker_findings"] + bad["findings"]
-  assert any(f["check"] == check and message in f["message"] for f in found), found
+  found = [f for f in bad["checker_findings"] + bad["findings"]
+           if f["check"] == check and message in f["message"] and f["severity"] == "FAIL"]
+  assert found, bad
+  if rule is not None:
+    assert (found[0]["rule"], found[0]["lineno"]) == (rule, at)
   if message == "parse error":
     # The official seed checker cannot read an unparseable log, and fails the package.
     assert code == 1 and "Log lines had parsing errors" in json.dumps(report["benchmarks"])
@@ -148,6 +172,84 @@ def test_a_broken_log_fails_with_the_rule_and_line(capsys, package, breakage, ch
   assert code == 0  # One failing run of five: olympic scoring may drop it.
   _edit(_bench(package) / "result_3.txt", lambda t: t.replace('"run_stop"', '"run_stopp"'))
   assert validate(capsys, package)[0] == 1  # A second one: not any more.
+
+
+def test_a_step_back_after_run_start_warns_and_fails_under_strict(capsys, package):
+  """An event of the run 60 s back, still after run_start: the events are out of order, but
+  the time to train (run_stop - run_start) is what it was, and no written rule forbids it
+  (Habana's v1.0 BERT logs and v3.1 xFusion's step back inside the run)."""
+  log = _bench(package) / "result_2.txt"
+  lines = log.read_text().splitlines(keepends=True)
+  i = next(n for n, ln in enumerate(lines) if '"eval_start"' in ln)
+  start = _stamp(next(ln for ln in lines if '"run_start"' in ln))
+  _restamp(lines, i, _stamp(lines[i]) - 60_000)
+  assert _stamp(lines[i]) > start
+  log.write_text("".join(lines))
+  code, report, _ = validate(capsys, package)
+  bad = _files(report)[str(log)]
+  assert code == 0 and (bad["verdict"], bad["strict_verdict"]) == ("PASS", "FAIL")
+  assert not [f for f in bad["findings"] if f["severity"] == "FAIL"]
+  [back] = [f for f in bad["findings"] if f["message"].startswith("time goes back 1 time(s), "
+                                                                  "most by 60000 ms")]
+  assert (back["check"], back["severity"], back["lineno"]) == ("timestamps", "WARN", i + 1)
+  assert validate(capsys, "--strict", package)[0] == 1
+
+
+@pytest.mark.parametrize("where", ["closed system", "open system", "lone log saying open"])
+def test_off_the_evaluation_cadence_fails_the_closed_division_and_warns_the_open(
+    capsys, tmp_path, package, where):
+  """validate judges the cadence by the system description's division, or the log's where
+  there is none: off it fails closed (Quality measure), warns open."""
+  log = _bench(package) / "result_2.txt"
+  _edit(log, lambda t: re.sub(r'("key": "eval_accuracy".*"epoch_num": )2}', r"\g<1>3}", t))
+  system = package / "systems/XE9680x8H100-SXM-80GB.json"
+  desc = json.loads(system.read_text())
+  system.write_text(json.dumps({**desc, "division": "open" if where == "open system" else
+                                "closed"}))
+  if where == "lone log saying open":
+    log = shutil.copy(log, tmp_path / "result_2.txt")
+    _edit(log, _say_open)
+  code, report, _ = validate(capsys, "--ruleset", "4.0.0", log)
+  [found] = [f for f in _files(report)[str(log)]["findings"] if f["check"] == "eval schedule"]
+  assert found["message"].startswith("evaluation 2 at 3 epochs, the rules put it at 2")
+  if where == "closed system":
+    assert (found["severity"], found["rule"], code) == ("FAIL", checks.QUALITY_MEASURE, 1)
+  else:
+    assert (found["severity"], found["rule"], code) == ("WARN", None, 0)
+    assert found["message"].endswith("(the open division may evaluate as it likes)")
+
+
+def _say_open(text: str, scale: float = 1.0) -> str:
+  """A log's submission_division made 'open', each eval_accuracy multiplied by `scale`."""
+  text = text.replace('"key": "submission_division", "value": "closed"',
+                      '"key": "submission_division", "value": "open"')
+  return re.sub(r'("key": "eval_accuracy", "value": )([0-9.]+)',
+                lambda m: f"{m.group(1)}{float(m.group(2)) * scale!r}", text)
+
+
+def test_logs_saying_open_on_a_closed_system_are_held_to_the_closed_rules(capsys, package):
+  """Dell's closed ssd runs, each log saying open (the official checker then checks no
+  target) and every evaluation at 0.9 of its value: none reaches the closed target, a closed
+  result that never converged. Said open but reaching it, they only warn."""
+  for log in _bench(package).glob("result_*.txt"):
+    _edit(log, _say_open)
+  code, report, _ = validate(capsys, package)
+  assert code == 0 and report["strict_verdict"] == "FAIL"
+  assert {f["check"] for x in _files(report).values() for f in x["findings"]
+          if f["severity"] != "INFO"} <= {"submission", "repeats", "timestamps"}
+  for log in _bench(package).glob("result_*.txt"):
+    _edit(log, lambda t: _say_open(t, 0.9))
+  code, report, _ = validate(capsys, package)
+  assert code == 1 and report["benchmarks"][0]["failing_runs"] == 5
+  for path, f in _files(report).items():
+    assert f["checker"] == "PASS" and f["verdict"] == "FAIL", path  # open: no target checked
+    [closed] = [x for x in f["findings"] if x["check"] == "division"]
+    assert closed["severity"] == "FAIL" and closed["rule"] == \
+        f"{checks.DIVISIONS}; {checks.QUALITY_MEASURE}"
+    assert closed["message"].startswith(
+        "submission_division 'open' on a closed system, so held to the closed rules, which the "
+        "official checker fails: Failed checks for eval_accuracy : v['value'] >= 0.340")
+    assert '"eval_accuracy"' in Path(path).read_text().splitlines()[closed["lineno"] - 1]
 
 
 def test_package_level_breakage(capsys, package):
@@ -337,3 +439,37 @@ def test_a_system_folder_judges_its_own_system_description_only(capsys, package)
   assert code == 0, report
   assert [Path(s["path"]).name for s in report["systems"]] == ["XE9680x8H100-SXM-80GB.json"]
   assert validate(capsys, package)[0] == 1  # The package's validation still reads it.
+
+
+COMMAND = (sys.executable, "-c", "import sys; from mlbench.cli import main; sys.exit(main())")
+
+
+def _stale_pending_log(folder: Path) -> Path:
+  """A killed run's leftover log (its process gone): validate and compare note it on stderr."""
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True).stdout.strip()
+  log = folder / f"pending_{dead}_0123abcd.log"
+  log.write_text("a killed run's log\n")
+  return log
+
+
+def test_the_report_goes_to_stdout_the_notes_to_stderr(tmp_path, package):
+  """`mlbench validate PKG > report.txt` keeps the report (verdicts, tables, exit code line);
+  progress and notes go to stderr; with --json the JSON alone is on stdout and the report
+  joins the notes; the exit code is the verdict's either way."""
+  _stale_pending_log(_bench(package))
+  (_bench(package) / "result_4.txt").unlink()  # a failing package: exit 1
+  for as_json in (False, True):
+    report = tmp_path / f"report{int(as_json)}.txt"
+    with open(report, "w") as stdout:
+      done = subprocess.run([*COMMAND, "validate", *(["--json"] * as_json), str(package)],
+                            stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300)
+    out, err = report.read_text(), done.stderr
+    assert done.returncode == 1, err
+    assert "note: ignoring 1 log(s) of killed runs" in err and "note:" not in out
+    human, other = (err, out) if as_json else (out, err)
+    for part in ("result logs", "benchmarks (olympic scoring)", "exit code 1"):
+      assert part in human and part not in other, part
+    assert "4 result_*.txt files, the rules want exactly 5" in human
+    if as_json:
+      assert json.loads(out)["exit_code"] == 1

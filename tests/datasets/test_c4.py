@@ -124,8 +124,9 @@ def test_an_interrupted_prepare_resumes_byte_identically(raw, tmp_path, capsys):
   (out / ".c4-train.en_7_text_document.bin.tmp-1234").write_bytes(b"half")
   capsys.readouterr()
   assert _prepare(raw_dir, out, tok_path, "--dry-run") == 0
-  plan = capsys.readouterr().err
-  assert "1 of 3 shards to write" in plan and "to write  c4-train.en_6_text_document.bin" in plan
+  plan = capsys.readouterr()  # a dry run's product, what it would write, is on stdout
+  assert "1 of 3 shards to write" in plan.out and "to write  c4-train.en_6_text_document.bin" \
+      in plan.out and "shards to write" not in plan.err
   assert _prepare(raw_dir, out, tok_path, "--workers", "1") == 0
   assert "wrote 1 shard(s), skipped 2 finished" in capsys.readouterr().err
   assert _bytes(out) == first

@@ -192,7 +192,7 @@ def _only_complete_results(cwd: Path, mlbench, official_check, rule) -> list[str
     official_check(log, rule)
   if not found:
     out = mlbench("validate", str(cwd / "results"), cwd=cwd, timeout=300)
-    assert "runs: no result_*.txt files" in out.stderr, out.stderr[-2000:]
+    assert "runs: no result_*.txt files" in out.stdout, out.stderr[-2000:]
   return [p.name for p in found]
 
 

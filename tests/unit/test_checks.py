@@ -7,7 +7,7 @@ import tracemalloc
 
 import pytest
 
-from mlbench.verify import checks
+from mlbench.verify import cadence, checks, timing
 from mlbench import rules
 from mlbench.verify.checks import Severity
 from mlbench.resultlog import ResultLog, is_log
@@ -80,14 +80,14 @@ def test_a_file_without_newlines_is_read_in_bounded_memory(tmp_path):
   assert is_log(log) and read.squares == 2 * 63**2 + (9 + 32 * 2**20) ** 2
 
 
-def test_timestamps_a_jump_back_fails_only_in_the_timed_region(tmp_path):
+def test_timestamps_an_event_of_the_run_before_run_start_fails_other_steps_back_warn(tmp_path):
   t = 1_746_133_159_000  # 2025; 0 and a time in seconds are no timestamps
   log = _log(tmp_path, [(t + 1000, "a", 1, {}), (0, "submission_org", "x", {}),
                         (t + 998, "b", 1, {}), (1_746_133_159, "cache_clear", 1, {}),
                         (t + 200, "c", 1, {}),  # set-up: 798 ms back
                         (t + 2000, "run_start", None, {}), (t + 500, "d", 1, {}),
                         (t + 3000, "run_stop", None, {"status": "success"}), (t + 900, "e", 1, {})])
-  found = checks.timestamps(log, tolerance_ms=100)
+  found = timing.timestamps(log, tolerance_ms=100)
   assert [f.severity for f in found] == [Severity.WARN, Severity.FAIL, Severity.WARN,
                                          Severity.WARN]
   assert "2 line(s) have no timestamp" in found[0].message
@@ -100,57 +100,82 @@ def test_timestamps_a_jump_back_fails_only_in_the_timed_region(tmp_path):
   assert "by at most 2 ms" in found[3].message
   late = _log(tmp_path, [(t, "run_start", None, {}), (t + 5000, "tracked_stats", 1, {}),
                          (t + 3000, "run_stop", None, {"status": "success"})], name="late.txt")
-  [after, back] = checks.timestamps(late, tolerance_ms=100)
+  [after, back] = timing.timestamps(late, tolerance_ms=100)
   assert after.severity is back.severity is Severity.WARN  # HugeCTR's tracked_stats do this
   assert after.message.startswith("1 event(s) between run_start and run_stop (line 4) are "
                                   "timed after it, most by 2000 ms (line 3, tracked_stats)")
 
 
+@pytest.mark.parametrize("benchmark, key, severity", [
+    ("bert", "eval_accuracy", Severity.FAIL), ("bert", "eval_stop", Severity.FAIL),
+    ("bert", "tracked_stats", Severity.WARN),  # work logged late, not the decision
+    ("stable_diffusion", "eval_accuracy", None)])  # evaluates checkpoints after training
+def test_timestamps_an_evaluation_after_run_stop_fails_beyond_the_tolerance(tmp_path, benchmark,
+                                                                            key, severity):
+  t = 1_746_133_159_000
+  for late_ms, name in ((900, "skew.txt"), (1500, "late.txt")):  # tolerance 1,000 ms
+    log = _log(tmp_path, [(t - 10, "submission_benchmark", benchmark, {}),
+                          (t, "run_start", None, {}), (t + 5000, "eval_start", None, {}),
+                          (t + 5000 + late_ms, key, 0.72, {}),
+                          (t + 5000, "run_stop", None, {"status": "success"})], name=name)
+    found = [f for f in timing.timestamps(log) if f.severity is not Severity.WARN
+             or "after it" in f.message]
+    if severity is None or late_ms < 1000:
+      assert found == [], (late_ms, found)
+      continue
+    [f] = found
+    assert (f.severity, f.lineno) == (severity, 5)
+    if severity is Severity.FAIL:
+      assert f.rule == timing.CLOCK_STOPPED_EARLY
+      assert f.message.startswith(f"run_stop (line 6) is timed 1.5 s before the evaluation on "
+                                  f"line 5 ({key}")
+
+
 def test_run_order(tmp_path):
   log = _log(tmp_path, [(1, "init_start", None, {}), (5, "init_stop", None, {}),
                         (3, "run_start", None, {}), (9, "run_stop", None, {"status": "success"})])
-  [f] = checks.run_order(log)
+  [f] = timing.run_order(log)
   assert f.message.startswith("run_start (3) comes before init_stop (5")
   log = _log(tmp_path, [(1, "init_start", None, {}), (2, "init_stop", None, {}),
                         (3, "run_start", None, {})], name="b.txt")
-  assert [f.message for f in checks.run_order(log)] == ["no run_stop line"]
+  assert [f.message for f in timing.run_order(log)] == ["no run_stop line"]
 
 
 def test_exact_cadence_with_an_offset(tmp_path):
   rule = rules.load("resnet", "4.0.0")
   good = _run(tmp_path, [(3, 0.3), (7, 0.5), (11, 0.76)])  # offset 1, as NVIDIA v4.0 logs
-  assert checks.schedule(good, rule) == []
+  assert cadence.schedule(good, rule) == []
   skipped = _run(tmp_path, [(4, 0.3), (12, 0.76)])
-  [f] = checks.schedule(skipped, rule)
+  [f] = cadence.schedule(skipped, rule)
   assert f.severity is Severity.FAIL and "evaluation 2 at 12 epochs" in f.message
   late_start = _run(tmp_path, [(5, 0.3), (9, 0.76)])
-  assert "first evaluation at 5 epochs" in _fails(checks.schedule(late_start, rule))[0].message
+  assert "first evaluation at 5 epochs" in _fails(cadence.schedule(late_start, rule))[0].message
 
 
 def test_samples_cadence_tolerates_batches_and_warns_on_drift(tmp_path):
   rule = rules.load("bert", "4.0.0")  # every 150,000 samples at batch 768
   on_time = _run(tmp_path, [(150528, 0.4), (300288, 0.5), (450048, 0.72)], gbs=768)
-  assert checks.schedule(on_time, rule) == []
+  assert cadence.schedule(on_time, rule) == []
   drift = _run(tmp_path, [(150000, 0.4), (298000, 0.5), (450000, 0.72)], gbs=768)
-  [f] = checks.schedule(drift, rule)
+  [f] = cadence.schedule(drift, rule)
   assert f.severity is Severity.WARN and "evaluation 2 at 298,000" in f.message
   wrong = _run(tmp_path, [(150000, 0.4), (330000, 0.72)], gbs=768)
-  assert _fails(checks.schedule(wrong, rule))
+  assert _fails(cadence.schedule(wrong, rule))
 
 
 def test_at_least_cadence_allows_extra_evaluations_but_no_gaps(tmp_path):
   rule = rules.load("ssd", "0.7.0")  # epochs 40, 50, 55, ... at least
   extra = _run(tmp_path, [(e, 0.1) for e in (5, 10, 20, 30, 40, 45, 50, 55)] + [(60, 0.231)],
                gbs=1024, train=117266)
-  assert checks.schedule(extra, rule) == []
+  assert cadence.schedule(extra, rule) == []
   gap = _run(tmp_path, [(40, 0.1), (50, 0.2), (60, 0.231)], gbs=1024, train=117266)
-  [f] = checks.schedule(gap, rule)
+  [f] = cadence.schedule(gap, rule)
   assert "no evaluation between 50 and 55 epochs" in f.message
 
 
 def test_schedule_of_a_benchmark_without_rules_is_only_noted(tmp_path):
   log = _log(tmp_path, [(1, "submission_benchmark", "dlrm", {})])
-  [f] = checks.schedule(log, None)
+  [f] = cadence.schedule(log, None)
   assert f.severity is Severity.INFO and "no rules for dlrm" in f.message
 
 
@@ -194,7 +219,7 @@ def test_microsecond_timestamps_warn_and_date_nothing(tmp_path):
   log = _log(tmp_path, [(day_us, "submission_benchmark", "resnet", {}),
                         (day_us + 5, "init_start", None, {})])
   assert log.date is None and log.not_ms().lineno == 2
-  [f] = checks.timestamps(log)
+  [f] = timing.timestamps(log)
   assert f.severity is Severity.WARN and f.lineno == 2
   assert "time_ms 1,714,000,000,000,000 is in the year 56,284" in f.message
   with pytest.raises(UserError, match=r"not milliseconds since 1970 \(log.txt line 2: "

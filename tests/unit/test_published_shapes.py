@@ -15,7 +15,7 @@ from mlperf_logging.rcp_checker import rcp_checker
 from mlperf_logging.result_summarizer import result_summarizer
 
 from mlbench.resultlog import ResultLog
-from mlbench.verify import checks
+from mlbench.verify import checks, timing
 from mlbench.verify.checks import Severity
 from mlbench.verify.report import FileReport
 
@@ -51,7 +51,7 @@ def test_a_placeholder_org_and_a_status_word_warn_and_fail_under_strict():
 
 def test_stable_diffusion_evaluations_around_run_stop_are_no_finding():
   log = _read("v5.0-qct-stable_diffusion-offline-eval.txt")
-  assert checks.timestamps(log) == [] and checks.repeats(log) == []
+  assert timing.timestamps(log) == [] and timing.repeats(log) == []
   evals = log.all("eval_accuracy")
   stop = log.first("run_stop")
   assert stop.lineno == 20 and all(e.time_ms > stop.time_ms for e in evals)
@@ -66,8 +66,8 @@ def test_stable_diffusion_evaluations_around_run_stop_are_no_finding():
 
 def test_wrapped_repeats_after_run_stop_are_a_repeat_not_a_failure():
   log = _read("v3.1-google-gpt3-repeats.txt")
-  assert checks.timestamps(log) == []
-  [repeat] = checks.repeats(log)
+  assert timing.timestamps(log) == []
+  [repeat] = timing.repeats(log)
   assert (repeat.severity, repeat.lineno) == (Severity.WARN, 11)
   assert "repeat an earlier event verbatim, the first line 11 (block_start, as line 5)" \
       in repeat.message
@@ -75,20 +75,32 @@ def test_wrapped_repeats_after_run_stop_are_a_repeat_not_a_failure():
 
 
 def test_a_skew_in_untimed_setup_warns():
-  [skew] = checks.timestamps(_read("v5.0-dell-bert-setup-skew.txt"))
+  [skew] = timing.timestamps(_read("v5.0-dell-bert-setup-skew.txt"))
   assert (skew.severity, skew.lineno) == (Severity.WARN, 2)
   assert "2005 ms from line 1 (cache_clear) to cache_clear" in skew.message
 
 
-def test_a_jump_back_in_the_timed_region_still_fails(tmp_path):
+@pytest.mark.parametrize("line, by_ms, found", [
+    # Google's last evaluation (line 8, the one that reached the target) 2 h back, before
+    # run_start (line 2): the clock started after the run had begun.
+    (8, -7_200_000, [("timestamps", Severity.FAIL, 8, checks.RUN_RESULTS),
+                     ("timestamps", Severity.WARN, 8, None)]),  # and the step back to it
+    # 60 s back, after run_start: out of order, the time to train unchanged; a warning.
+    (8, -60_000, [("timestamps", Severity.WARN, 8, None)]),
+    # run_stop (line 9) 600 s before that evaluation, still after run_start: the clock
+    # stopped before the run knew it had reached the target.
+    # (Warnings too: line 7's block_stop also timed after run_stop, and the step back.)
+    (9, -600_000, [("timestamps", Severity.FAIL, 8, timing.CLOCK_STOPPED_EARLY),
+                   ("timestamps", Severity.WARN, 7, None), ("timestamps", Severity.WARN, 9, None)]),
+], ids=["evaluation before run_start", "evaluation back after run_start",
+        "run_stop before the evaluation"])
+def test_a_published_log_with_a_moved_event(tmp_path, line, by_ms, found):
   lines = (EXCERPTS / "v3.1-google-gpt3-repeats.txt").read_text().splitlines(keepends=True)
-  stamp = re.search(r'"time_ms": (\d+)', lines[7])[1]  # an eval_accuracy inside the run
-  lines[7] = lines[7].replace(stamp, str(int(stamp) - 7_200_000))
+  stamp = re.search(r'"time_ms": (\d+)', lines[line - 1])[1]
+  lines[line - 1] = lines[line - 1].replace(stamp, str(int(stamp) + by_ms))
   (tmp_path / "log.txt").write_text("".join(lines))
-  fails = [f for f in checks.timestamps(ResultLog.read(tmp_path / "log.txt"))
-           if f.severity is Severity.FAIL]
-  assert _found(fails) == [("timestamps", Severity.FAIL, 8)]
-  assert fails[0].rule == checks.RUN_RESULTS
+  got = timing.timestamps(ResultLog.read(tmp_path / "log.txt"))
+  assert [(f.check, f.severity, f.lineno, f.rule) for f in got] == found
 
 
 SAMPLE = "\n".join([

@@ -20,7 +20,8 @@ from mlperf_logging.result_summarizer import result_summarizer
 
 from mlbench import rules
 from mlbench.mllog import MLLog
-from mlbench.verify import checks, compare, official, package, rcp, submission, validate
+from mlbench.verify import (checks, compare, official, package, rcp, submission, timing,
+                            validate)
 from mlbench.verify.checks import Finding, Severity
 from mlbench.verify.report import BenchmarkReport, FileReport, Report
 from mlbench.resultlog import ResultLog
@@ -163,10 +164,10 @@ def test_run_order_allows_equal_times_and_the_skew_tolerance_is_inclusive(tmp_pa
                  f'{{"status": "success"}}}}\n' for t, k in events)
   (tmp_path / "log.txt").write_text(text)
   log = ResultLog.read(tmp_path / "log.txt")
-  assert checks.run_order(log) == []
-  [f] = checks.timestamps(log, tolerance_ms=1)
+  assert timing.run_order(log) == []
+  [f] = timing.timestamps(log, tolerance_ms=1)
   assert f.severity is Severity.WARN
-  assert [f.severity for f in checks.timestamps(log, tolerance_ms=0.5)] == [Severity.FAIL,
+  assert [f.severity for f in timing.timestamps(log, tolerance_ms=0.5)] == [Severity.FAIL,
                                                                              Severity.WARN]
 
 

@@ -11,8 +11,9 @@ the oldest `examples` sequences of its queue and packs them best-fit-decreasing 
 of `max_seq_length` tokens, at most `max_per_row` sequences and `predictions` masked tokens
 a row. Where they need more rows than the step has, the longest of them wait for the next
 step and the shortest sequences of the look-ahead (the next `lookahead` of the stream) take
-their places; a sequence waits at most `max_deferrals` steps, after which it must go in.
-No sequence is split, dropped or repeated.
+their places. The stream's i-th sequence belongs to step i // examples; one that trails that
+place by `max_deferrals` steps must go in, so none trails it by more (`select`). No sequence
+is split, dropped or repeated.
 
 A packed row carries, besides the record's features laid end to end: `sequence_ids` (1, 2,
 ... per sequence, 0 on padding: attention stays within a sequence), `position_ids`
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -35,8 +37,11 @@ import numpy as np
 from mlbench.errors import UserError
 
 MAX_DEFERRALS = 4
-"""Steps a sequence may be passed over before it must go in: no sequence trails the
-shuffled order by more than this many steps (about a thousandth of an MLPerf run)."""
+"""Steps a sequence may trail its place in the shuffled order (the stream's i-th sequence:
+step i // examples) before it must go in: none trails it by more (about a thousandth of an
+MLPerf run). Counted from that place, not from when it reached the queue's head: counted from
+the head, sequences held behind deferred ones trailed by 5 and 6 steps (1.9% of them, 64
+sequences a host on Wikipedia's lengths; benchmarks/README.md)."""
 
 ROW_KEYS = ("input_ids", "input_mask", "segment_ids", "position_ids", "sequence_ids")
 SLOT_KEYS = ("cls_positions", "next_sentence_labels", "next_sentence_weights")
@@ -91,12 +96,18 @@ def best_fit_decreasing(lengths: np.ndarray, predictions: np.ndarray,
   return row, slot, used
 
 
-def select(lengths: np.ndarray, predictions: np.ndarray, deferrals: np.ndarray, *,
+def select(lengths: np.ndarray, predictions: np.ndarray, late: np.ndarray, *,
            examples: int, rows: int, shape: RowShape,
            max_deferrals: int = MAX_DEFERRALS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """(chosen queue indices, their rows, their slots) of one step: `examples` sequences of the
   queue (oldest first) in at most `rows` rows. Where the oldest need more rows, their
-  longest that may still wait are exchanged for the shortest of the rest of the queue.
+  longest that may still wait (`late`, the steps each trails its place, below
+  `max_deferrals`) are exchanged for the shortest of the rest of the queue.
+
+  Those that may not wait are among the oldest `examples`: after step t every sequence of
+  the stream's steps up to t - max_deferrals has gone in (by induction: at step t those of
+  step t - max_deferrals, at most `examples`, are the oldest left and go in). So none
+  trails its place by more than `max_deferrals` steps.
 
   Raises:
     UserError: no exchange makes them fit (the data's sequences are longer than the
@@ -108,7 +119,7 @@ def select(lengths: np.ndarray, predictions: np.ndarray, deferrals: np.ndarray, 
     row, slot, used = best_fit_decreasing(lengths[chosen], predictions[chosen], shape)
     if used <= rows:
       return chosen, row, slot
-    may_wait = chosen[deferrals[chosen] < max_deferrals]
+    may_wait = chosen[late[chosen] < max_deferrals]
     longest = may_wait[np.argsort(-lengths[may_wait], kind="stable")]
     shortest = spare[np.argsort(lengths[spare], kind="stable")]
     k = min(used - rows, len(longest), len(shortest))
@@ -169,6 +180,7 @@ class Packer:
     rows: rows per batch (this host's share).
     lookahead: sequences beyond the step's own that may take a deferred one's place.
     max_deferrals: see `MAX_DEFERRALS`.
+    waits: how many sequences went in how many steps after their place (0: at it or before).
   """
 
   shape: RowShape
@@ -180,26 +192,32 @@ class Packer:
 
   def __call__(self, chunks: Iterator[Mapping[str, np.ndarray]]) -> Iterator[dict[str, Any]]:
     """Endless batches from `chunks` (the decoded records in the shuffled order)."""
+    for examples, row, slot in self.steps(chunks):
+      yield build(examples, row, slot, self.rows, self.shape)
+
+  def steps(self, chunks: Iterator[Mapping[str, np.ndarray]]
+            ) -> Iterator[tuple[list[dict[str, np.ndarray]], np.ndarray, np.ndarray]]:
+    """Each step's records (of `chunks`, which need only `input_mask` and
+    `masked_lm_weights` for the choice) with their rows and slots."""
     stream = (ex for chunk in chunks for ex in _split(chunk))
     queue: list[dict[str, np.ndarray]] = []
-    stats = np.zeros((0, 3), np.int64)  # per queued sequence: length, masked tokens, waits
-    while True:
+    stats = np.zeros((0, 3), np.int64)  # per queued sequence: length, masked tokens, index
+    read = 0  # sequences taken from the stream
+    for step in itertools.count():
       fresh = [ex for _, ex in zip(range(self.examples + self.lookahead - len(queue)), stream)]
       queue += fresh
       stats = np.concatenate([stats, np.array(
-          [[int(ex["input_mask"].sum()), int((ex["masked_lm_weights"] > 0).sum()), 0]
-           for ex in fresh], np.int64).reshape(-1, 3)])
+          [[int(ex["input_mask"].sum()), int((ex["masked_lm_weights"] > 0).sum()), read + i]
+           for i, ex in enumerate(fresh)], np.int64).reshape(-1, 3)])
+      read += len(fresh)
       if len(queue) < self.examples:
         return  # the stream ended (files with fewer records than a step)
-      chosen, row, slot = select(stats[:, 0], stats[:, 1], stats[:, 2],
-                                 examples=self.examples, rows=self.rows, shape=self.shape,
+      late = step - stats[:, 2] // self.examples
+      chosen, row, slot = select(stats[:, 0], stats[:, 1], late, examples=self.examples,
+                                 rows=self.rows, shape=self.shape,
                                  max_deferrals=self.max_deferrals)
-      self.waits.update(stats[chosen, 2].tolist())
-      yield build([queue[i] for i in chosen], row, slot, self.rows, self.shape)
-      keep = np.ones(len(queue), bool)
-      keep[chosen] = False
-      keep_idx = np.flatnonzero(keep)
-      passed = keep_idx < self.examples  # candidates of this step that wait for the next
-      stats = stats[keep_idx]
-      stats[passed, 2] += 1
-      queue = [queue[i] for i in keep_idx]
+      self.waits.update(np.maximum(late[chosen], 0).tolist())
+      yield [queue[i] for i in chosen], row, slot
+      keep = np.flatnonzero(~np.isin(np.arange(len(queue)), chosen))
+      stats = stats[keep]
+      queue = [queue[i] for i in keep]
