@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
   runtime.cpu_only_without_accelerator()  # no libtpu noise on a CPU machine, any command
   try:
     result = cli.main(args=argv, prog_name="mlbench", standalone_mode=False)
-  except (Exception, KeyboardInterrupt) as e:
+  except (Exception, KeyboardInterrupt, Interrupted) as e:
     return runtime.leave(_failed(e), finished=False)
   return runtime.leave(result if isinstance(result, int) else 0, finished=True)
 
