@@ -136,6 +136,9 @@ class SaveTime:
       return False
     before = self.seconds
     self.measured, self.measured_step = self.busiest / seconds, step
+    # Every host's stop allows for it (orbax times a save's commit on process 0 alone).
+    signals.allow_for_saves(max([seconds, *self.durations]), f"checkpoint save of step {step} "
+                            "on its slowest host")
     return self.seconds != before
 
   def describe(self) -> str:
