@@ -109,4 +109,6 @@ def test_sbatch_scancel_and_srun_resume_file_one_result(slurm, data_dir, tmp_pat
   report = json.loads(done.stdout.strip())  # one line: process 0's
   assert report["status"] == "aborted" and report["seed"] == 3 and report["samples"] == 10 * 64
   assert [p.name for p in results.result_files(bench)] == ["result_0.txt"]
+  # The saves' deadline is said in the log, in a key the official checker ignores.
+  assert '"key": "mlbench_save_deadline", "value": 300' in (bench / "result_0.txt").read_text()
   official_check(bench / "result_0.txt", budget_rule)
