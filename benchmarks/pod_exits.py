@@ -15,8 +15,15 @@ every process must exit 1 (stopped: 143 = 128 + SIGTERM). `--epochs 8 --seed 3` 
 the target (every process 0), at about three times the cost. PYTHONFAULTHANDLER is set,
 so a process that aborts prints every thread's Python stack.
 
+`--stress N` measures the shutdown itself, side by side: N two-process jax.distributed jobs
+whose processes each run mlbench's peer watch with a heartbeat every millisecond (so its
+thread is inside jax's client most of the time) and end a second apart, either falling off
+the end of the program as `mlbench` did before (`atexit`: jax's exit handler shuts
+jax.distributed down while the watch still runs) or through `runtime.leave` (`leave`).
+
     python benchmarks/pod_exits.py --runs 24 --out before.jsonl [--epochs 1]
     python benchmarks/pod_exits.py --summarize before.jsonl after.jsonl
+    python benchmarks/pod_exits.py --stress 20
 """
 
 from __future__ import annotations
@@ -43,17 +50,20 @@ def _port() -> int:
     return s.getsockname()[1]
 
 
-def _start(argv: list[str], folder: Path, tag: str) -> list[tuple[subprocess.Popen, Path]]:
-  """The two processes of one jax.distributed job, started with `argv`."""
+def _start(argv: list[str], folder: Path, tag: str,
+           argv_for=None) -> list[tuple[subprocess.Popen, Path]]:
+  """The two processes of one jax.distributed job: `mlbench` with `argv`, or `argv_for(i,
+  port)`."""
   port, procs = _port(), []
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env |= {"PYTHONFAULTHANDLER": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+  env |= {"PYTHONFAULTHANDLER": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "JAX_PLATFORMS": "cpu"}
   for i in range(2):
     err = folder / f"{tag}.{i}.err"
     with open(folder / f"{tag}.{i}.out", "w") as out, open(err, "w") as e:
       procs.append((subprocess.Popen(
-          [*MLBENCH, *argv, "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
-           "--process-id", str(i)], stdout=out, stderr=e, env=env, cwd=folder,
+          argv_for(i, port) if argv_for else [
+              *MLBENCH, *argv, "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
+              "--process-id", str(i)], stdout=out, stderr=e, env=env, cwd=folder,
           start_new_session=True), err))
   return procs
 
@@ -158,6 +168,36 @@ def _last_line(processes: list[dict]) -> str:
   return processes[-1]["tail"].strip().splitlines()[-1][:160] if processes[-1]["tail"] else ""
 
 
+def child(mode: str, coordinator: str, process: int) -> None:
+  """One process of a `--stress` job (see the module docstring)."""
+  from mlbench.train import runtime
+  from mlbench.train.lifecycle import peers
+
+  runtime.setup(cpu_devices=1, distributed=runtime.Distributed(coordinator, 2, process))
+  peers.INTERVAL_S = 0.001
+  peers.watch(process, 2)
+  time.sleep(1.0 + process)  # process 1 ends later, as process 0's filing keeps it later
+  if mode == "leave":
+    sys.exit(runtime.leave(0, finished=True))
+
+
+def stress(n: int, work: Path) -> None:
+  """`--stress`: n jobs of each mode, alternating; every process's exit code per mode."""
+  codes: dict[str, collections.Counter] = {"atexit": collections.Counter(),
+                                           "leave": collections.Counter()}
+  for i in range(n):
+    for mode in codes:
+      folder = work / f"stress-{i:03d}-{mode}"
+      folder.mkdir(parents=True)
+      procs = _start([], folder, mode, argv_for=lambda p, port: [
+          sys.executable, __file__, "--child", mode, f"127.0.0.1:{port}", str(p)])
+      got = [p["code"] for p in _wait(procs)]
+      codes[mode].update(got)
+      print(f"{i + 1}/{n} {mode}: {got}", flush=True)
+  for mode, counted in codes.items():
+    print(f"RESULT {mode}: {sum(counted.values())} process exits, codes {dict(counted)}")
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--runs", type=int, default=24, help="repetitions, alternating the kinds")
@@ -169,10 +209,16 @@ def main() -> None:
   ap.add_argument("--work", type=Path, help="[default: a temporary folder]")
   ap.add_argument("--out", type=Path, help="append one JSON line per run here")
   ap.add_argument("--summarize", nargs="+", type=Path, metavar="JSONL")
+  ap.add_argument("--stress", type=int, metavar="N", help="N shutdown-only jobs per mode")
+  ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
   args = ap.parse_args()
+  if args.child:
+    return child(args.child[0], args.child[1], int(args.child[2]))
   if args.summarize:
     return summarize(args.summarize)
   args.work = args.work or Path(tempfile.mkdtemp(prefix="pod-exits-"))
+  if args.stress:
+    return stress(args.stress, args.work)
   args.compile_cache = args.work / "jax-cache"
   if args.data_dir is None:
     from mlbench import registry
