@@ -16,7 +16,8 @@ pytestmark = pytest.mark.multiprocess
 HERE = Path(__file__).parent
 
 
-@pytest.mark.parametrize("delay", [2, 60], ids=["done", "running"])
+@pytest.mark.parametrize("delay", [2, pytest.param(60, marks=pytest.mark.slow)],
+                         ids=["done", "running"])  # running: the watch's 15 s grace
 def test_a_process_that_fails_gives_every_process_its_exit_code(processes, delay):
   t0 = time.time()
   done = processes.run([sys.executable, HERE / "leave_worker.py", "--code", "70", "--delay",
