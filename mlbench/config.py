@@ -161,6 +161,8 @@ class RunConfig:
       config's `model.dtype`); None: bfloat16 for full configs on TPUs and GPUs,
       the config's own elsewhere.
     profile: (first step, steps) to trace with jax.profiler into the run folder.
+    save_rate: bytes/s a host writes a checkpoint at, for the saves' deadline (None:
+      assumed, then measured on the run's first save).
   """
 
   workload: str
@@ -191,6 +193,7 @@ class RunConfig:
   compile_cache: paths.Path | None = dataclasses.field(default_factory=compile_cache_dir)
   stale_after: float = STALE_AFTER_S
   profile: tuple[int, int] | None = None
+  save_rate: float | None = None
 
   def __post_init__(self):
     # Paths given as strings or pathlib paths (tests, notebooks) become epath paths.

@@ -58,30 +58,36 @@ def _fail(message: str, code: int = 2) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-  """Entry point of the `mlbench` console script; returns the exit code."""
+  """Entry point of the `mlbench` console script; returns the exit code (of every process
+  of a multi-process run alike: `runtime.leave`)."""
   crash.debugging()  # before anything imports JAX
   runtime.cpu_only_without_accelerator()  # no libtpu noise on a CPU machine, any command
   try:
     result = cli.main(args=argv, prog_name="mlbench", standalone_mode=False)
-  except UserError as e:
+  except (Exception, KeyboardInterrupt, Interrupted) as e:
+    return runtime.leave(_failed(e), finished=False)
+  return runtime.leave(result if isinstance(result, int) else 0, finished=True)
+
+
+def _failed(e: BaseException) -> int:
+  """Says what stopped the command, in one line where it is no bug; its exit code."""
+  if isinstance(e, UserError):
     return _fail(str(e))
-  except Interrupted as e:  # A stop by signal: say what was kept; exit 128 + signal.
+  if isinstance(e, Interrupted):  # A stop by signal: say what was kept; exit 128 + signal.
     click.echo(e.message, err=True)
     return 128 + e.signum
-  except StorageFailed as e:  # A write the run needs failed: the cause, what was kept, --resume.
-    click.echo(f"error: {e.message}", err=True)
+  if isinstance(e, StorageFailed):  # A write the run needs failed: the cause, what was kept,
+    click.echo(f"error: {e.message}", err=True)  # the --resume.
     return e.EXIT_CODE
-  except click.exceptions.NoSuchOption as e:
+  if isinstance(e, click.exceptions.NoSuchOption):
     hint = f"; did you mean {', '.join(e.possibilities)}?" if e.possibilities else ""
     return _fail(f"no such option {e.option_name}{hint} (see `mlbench {e.ctx.info_name} --help`)"
                  if e.ctx else e.format_message())
-  except click.ClickException as e:
+  if isinstance(e, click.ClickException):
     cmd = f" {e.ctx.info_name}" if getattr(e, "ctx", None) and e.ctx.parent else ""
     return _fail(f"{e.format_message()} (see `mlbench{cmd} --help`)")
-  except click.exceptions.Abort:
+  if isinstance(e, click.exceptions.Abort):
     return _fail("aborted", 130)
-  except KeyboardInterrupt:
+  if isinstance(e, KeyboardInterrupt):
     return _fail("interrupted", 130)
-  except Exception as e:  # The last resort: a bug, reported short (MLBENCH_DEBUG=1: in full).
-    return crash.handle(e)
-  return result if isinstance(result, int) else 0
+  return crash.handle(e)  # The last resort: a bug, reported short (MLBENCH_DEBUG=1: in full).

@@ -63,6 +63,11 @@ if TYPE_CHECKING:
               help="Folder for checkpoints (its parent must exist), or a bucket (gs://...) "
                    "every host writes its shards to. [default: each run's folder, "
                    "<results-dir>/runs/<system>/<benchmark>/<run id>/checkpoints]")
+@click.option("--save-rate", type=click.FloatRange(min=0, min_open=True), metavar="MB/S",
+              envvar="MLBENCH_SAVE_RATE",
+              help="How fast a host writes its part of a checkpoint, in MB/s: each save may take "
+                   "4x the busiest host's bytes at this rate (at least 300 s). [default: 100 "
+                   "MB/s until the run's first save, then as that save measured]")
 @click.option("--resume", "resume", metavar="PATH",
               help="Continue the interrupted run whose run folder (or checkpoint folder) is "
                    "PATH, on a disk or gs://: same seed and settings, its log continued, its "
@@ -83,7 +88,8 @@ def run_cmd(ctx: click.Context, workload: str, config_name: str | None,
             results_dir: str, system: str | None, seed: int | None, runs: int,
             ruleset: str | None, division: str, submitter: str, cpu_devices: int | None,
             clear_caches: bool, checkpoint_every: int, checkpoint_dir: str | None,
-            resume: str | None, stale_after: float, profile: str | None, **scaling) -> int:
+            save_rate: float | None, resume: str | None, stale_after: float,
+            profile: str | None, **scaling) -> int:
   """Train WORKLOAD to its quality target and write MLPerf result logs.
 
   Prints one JSON line per run on stdout; progress and summaries on stderr.
@@ -107,6 +113,7 @@ def run_cmd(ctx: click.Context, workload: str, config_name: str | None,
                  division=Division(division), submitter=submitter, cpu_devices=cpu_devices,
                  clear_caches=clear_caches, checkpoint_every=checkpoint_every,
                  checkpoint_dir=paths.optional(checkpoint_dir, "--checkpoint-dir"),
+                 save_rate=None if save_rate is None else save_rate * 1e6,
                  stale_after=stale_after, **scaling_config(scaling),
                  profile=None if window is None else (window.start, window.count))
   if resume is not None:  # Before JAX starts: a clashing --resume fails at once.

@@ -121,7 +121,7 @@ def run_all(plan: Plan, *, console: Console,
     ids = _run_ids(len(seed_list), plan.runtime.process_count)
     todo = [(i, s, rid, None) for i, (s, rid) in enumerate(zip(seed_list, ids))]
   outcomes = []
-  watch = peers.PeerWatch(plan.runtime.process_index, plan.runtime.process_count).start()
+  watch = peers.watch(plan.runtime.process_index, plan.runtime.process_count)
   for index, seed, rid, ckpt in todo:
     outcome = _one(plan, Run(index, seed, rid, tuple(seed_list), ckpt), console, watch)
     on_outcome(outcome)
@@ -187,8 +187,8 @@ def _saver(plan: Plan, run: Run,
   if run.resume is not None:
     lease = _own(plan, run.resume, run.run_id, f"--resume {run.resume}", console)
     try:
-      return checkpoint.RunSaver(run.resume, rc.checkpoint_every, resuming=True,
-                                 say=say), folder, lease
+      return checkpoint.RunSaver(run.resume, rc.checkpoint_every, resuming=True, say=say,
+                                 key=run.run_id, save_rate=rc.save_rate), folder, lease
     except BaseException:
       if lease is not None:
         lease.release()
@@ -207,7 +207,8 @@ def _saver(plan: Plan, run: Run,
         folder.mkdir(parents=True, exist_ok=True)
         writes.write_new(folder / "checkpoints.txt", f"{paths.resolve(ckpt_dir)}\n")
   lease = _own(plan, ckpt_dir, run.run_id, f"the checkpoint folder {ckpt_dir}", console)
-  return checkpoint.RunSaver(ckpt_dir, rc.checkpoint_every), folder, lease
+  return checkpoint.RunSaver(ckpt_dir, rc.checkpoint_every, key=run.run_id,
+                            save_rate=rc.save_rate), folder, lease
 
 
 def _own(plan: Plan, directory: paths.Path, run_id: str, what: str,
@@ -265,7 +266,8 @@ def _guarded_one(plan: Plan, run: Run, console: Console, watch: peers.PeerWatch)
       if (kept := refile.file_kept(plan, saver, folder, run.seed, console)) is not None:
         return Outcome(run.index, *kept)
     log, pending = _log(plan, run, saver)
-    end = RunEnd(plan.workload.name, log, pending, folder, saver, lease, console)
+    end = RunEnd(plan.workload.name, log, pending, folder, saver, lease, console,
+                 run_id=run.run_id)
     signals.on_timeout(end.cut_short)
     watch.on_lost = end.peer_lost
     return _run_and_file(plan, run, console, watch, saver, folder, end)

@@ -221,6 +221,18 @@ def setup(*, cpu_devices: int | None = None, distributed: Distributed = Distribu
                  devices=jax.devices(), local_devices=jax.local_devices(), xla_flags=xla_flags)
 
 
+def leave(code: int, *, finished: bool) -> int:
+  """The end of this process's command: in a multi-process run, every process posts its exit
+  code, waits for the others, and shuts jax.distributed down with them before the
+  interpreter exits (`lifecycle.peers.leave`); returns the code every process exits with.
+  `finished`: the command returned (not an error). Alone, or before JAX: `code`."""
+  if "jax" not in sys.modules:  # No command that never imported JAX started it.
+    return code
+  from mlbench.train.lifecycle import peers
+
+  return peers.leave(code, finished=finished)
+
+
 def any_process(flag: bool) -> bool:
   """Whether `flag` is true on any process of the run (itself when alone): one
   process's answer for facts every process observes for its own host."""

@@ -7,10 +7,16 @@ train steps. After the first save, which works, the storage fails as `--fault` s
   slow    process 0's first write of a save takes 8 s, past a save deadline of 3 s
   final   the disk fills as in `full`, and the run stops (a signal) with the save of step 10
           in flight: each process waits for its own part alone (`Checkpoints.final`)
+  none    nothing fails (process 1 may be given another path of the same folder, `--dir`);
+          each host first prints the bytes each host writes per save
+  hang    process 1's main thread sleeps 8 s before it waits for the last save (as at a run's
+          end, where no train step's collective holds process 0 back) while its heartbeat
+          goes on, past a save deadline of 3 s
 
 Each process then saves at steps 10, 15, 20 and 25 and prints one line per event on
 stdout: `warn <line>`, `stop <cause> | <fix> | <newest step>`, `went on`, or (final)
-`final <newest step>`.
+`final <newest step>`. Each process starts the watch of its peers, as a run does, and
+leaves as `mlbench` does (`runtime.leave`).
 """
 
 from __future__ import annotations
@@ -42,7 +48,8 @@ def _slow_write(pattern: str) -> None:
 def _args() -> argparse.Namespace:
   p = argparse.ArgumentParser()
   p.add_argument("--dir", required=True)
-  p.add_argument("--fault", choices=("full", "denied", "slow", "final"), required=True)
+  p.add_argument("--fault", choices=("full", "denied", "slow", "final", "none", "hang"),
+                 required=True)
   p.add_argument("--coordinator")
   p.add_argument("--num-processes", type=int)
   p.add_argument("--process-id", type=int)
@@ -75,14 +82,15 @@ def main() -> None:
   from mlbench.errors import StorageFailed
   from mlbench.train import steps
   from mlbench.train.clock import Clock
-  from mlbench.train.lifecycle import agreement, checkpoint
+  from mlbench.train.lifecycle import checkpoint, peers, savetime
   from mlbench.train.result import RunResult
 
   me = jax.process_index()
-  if args.fault == "slow":
-    agreement.SAVE_TIMEOUT_S = 3
-    if me == 0:
-      _slow_write(r"/ck/10\.orbax-checkpoint-tmp")
+  peers.watch(me, jax.process_count())
+  if args.fault in ("slow", "hang"):
+    savetime.FLOOR_S = 3
+  if args.fault == "slow" and me == 0:
+    _slow_write(r"/ck/10\.orbax-checkpoint-tmp")
   mesh = Mesh(np.array(jax.devices()), ("data",))
 
   def array(x, spec=PartitionSpec()):  # a global array: every process holds its shards
@@ -95,6 +103,9 @@ def main() -> None:
       model_state={}, opt_state={}, rng=jax.random.wrap_key_data(array(
           jax.random.key_data(jax.random.key(0)))))
   sums = {"loss": array(np.float32(1))}
+  if args.fault == "none":  # what each host writes per save, as every host counts it
+    by_host = savetime.bytes_by_host((state, sums))
+    print("bytes", *[by_host.get(p, 0) for p in range(jax.process_count())], flush=True)
   clock = Clock()
   clock.mark("init_start")
   ck = checkpoint.Checkpoints(args.dir, 5, clock, RunResult(seed=0), None,
@@ -109,16 +120,19 @@ def main() -> None:
     ck.after_step(10, state, sums)
     print("final", ck.final(), flush=True)
     ck.close()
-    return
+    sys.exit(runtime.leave(0, finished=True))
   try:
     for step in (10, 15, 20, 25):
       ck.after_step(step, state, sums)
+    if args.fault == "hang" and me == 1:
+      time.sleep(8)
     ck.settle()
     print("went on", flush=True)
   except StorageFailed as e:
     print(f"stop {e.cause} | {e.fix} | {ck.newest()}", flush=True)
     ck.leave()
   multihost_utils.sync_global_devices("done")
+  sys.exit(runtime.leave(0, finished=True))
 
 
 if __name__ == "__main__":

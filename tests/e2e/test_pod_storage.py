@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -144,3 +145,57 @@ def test_a_host_whose_writes_are_refused_stops_every_host_with_one_line(processe
   from mlbench.train.lifecycle import restore
 
   assert restore.read_meta(ckpt, step)["step"] == 2  # the named checkpoint reads back
+
+
+@pytest.fixture
+def second_path(tmp_path):
+  """second_path(folder) -> the same folder at another path, a bind mount: a host that
+  mounts the shared disk elsewhere (skips where it cannot mount: not root)."""
+  mounted = []
+
+  def bind(folder: Path) -> Path:
+    other = tmp_path / f"other{len(mounted)}"
+    other.mkdir()
+    if subprocess.run(["mount", "--bind", str(folder), str(other)],
+                      capture_output=True).returncode:
+      pytest.skip("cannot bind-mount a folder here (needs root)")
+    mounted.append(other)
+    return other
+
+  yield bind
+  for other in mounted:
+    subprocess.run(["umount", "-l", str(other)], check=True)
+
+
+def _saves(processes, dirs, fault: str) -> list[list[str]]:
+  """save_worker.py on two processes, process i saving into dirs[i]: each one's lines."""
+  done = [p.wait(120) for p in processes.start(
+      lambda i: [sys.executable, HERE / "save_worker.py", "--dir", dirs[i], "--fault", fault],
+      n=2)]
+  assert [p.returncode for p in done] == [0, 0], [p.stderr[-3000:] for p in done]
+  return [p.stdout.splitlines() for p in done]
+
+
+def test_hosts_that_mount_the_shared_folder_at_different_paths_agree(processes, tmp_path,
+                                                                   second_path):
+  """The hosts' keys come from the run (its id), not from each host's path of the folder:
+  process 1 saves through a bind mount of process 0's folder, and every save commits. Both
+  count what each host writes alike (the deadline's bytes): its half of the sharded
+  parameters, and process 0 the replicated step and loss besides."""
+  (tmp_path / "shared").mkdir()
+  other = second_path(tmp_path / "shared")
+  lines = _saves(processes, [tmp_path / "shared" / "ck", other / "ck"], "none")
+  assert lines == [["bytes 800008 800000", "went on"]] * 2, lines
+  assert sorted(p.name for p in (tmp_path / "shared" / "ck").iterdir()) == ["20", "25"]
+
+
+def test_a_host_whose_main_thread_hangs_is_named_unresponsive_not_its_storage(processes,
+                                                                            tmp_path):
+  """Process 1's main thread sleeps past the save deadline before the last save's vote while
+  its heartbeat goes on: both hosts name it unresponsive, and the save, which process 0
+  committed, counts."""
+  lines = _saves(processes, [tmp_path / "ck"] * 2, "hang")
+  assert lines[0] == lines[1] == [
+      "warn warning: process 1 did not report on the save of step 25 within 3 s while its "
+      "heartbeat went on: it is unresponsive (its main thread hangs), not its storage; the "
+      "checkpoint of step 25 was saved", "went on"], lines

@@ -1,22 +1,36 @@
 """Runs with their results, checkpoints and compile cache in a bucket (the data stays
 local: tf.data's own GCS client cannot be pointed at the emulator).
 
-One run is SIGTERMed and resumed from the bucket to the target; two hosts, started as
-SLURM starts `srun` tasks, checkpoint into the bucket and resume from it.
+One run is SIGTERMed and resumed from the bucket to the target. Two hosts checkpoint into the
+bucket and resume from it under a real SLURM, as examples/slurm-gpu.sbatch starts them (a
+one-node cluster on 127.0.0.1, `slurm_cluster.py`; `.ci/run` installs Debian's slurm-wlm):
+the example's own `srun` line, on the mini config, goes in through `sbatch`; `scancel` stops
+it after its first checkpoint (SIGTERM to every task: each says the checkpoint and the
+`--resume` line, and exits 143); the `--resume`, through `srun`, finds its processes from
+SLURM's environment and files one result. Where SLURM is not installed, the two hosts are
+started as `srun` starts its tasks instead (their environment, without SLURM).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import re
+import shlex
 import signal
+import sys
 import time
+from pathlib import Path
 
 import pytest
+import slurm_cluster  # tests/storage/slurm_cluster.py
 
 from mlbench.storage import paths, pending, results
 from mlbench.config import STALE_AFTER_S
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).parents[2]
 def _checkpoint_of(step: int, ckpt: paths.Path, procs) -> paths.Path:
   """The run folder under `ckpt` once its checkpoint of `step` is committed."""
   deadline = time.time() + 600
@@ -43,8 +57,6 @@ def _sigterm(procs) -> list[str]:
 
 def _one_epoch() -> int:
   """The samples a run of `--set train_epochs=1` trains on: whole steps of the batch."""
-  import dataclasses
-
   from workloads.resnet50 import WORKLOAD, config
 
   return WORKLOAD.schedule(dataclasses.replace(config.mini(), train_epochs=1.0)).max_train_samples
@@ -116,6 +128,8 @@ def _srun(processes, cwd, *args: str) -> list:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.skipif(slurm_cluster.missing() is None, reason="SLURM is installed: the test "
+                    "below runs the same under a real one")
 def test_two_hosts_save_their_shards_into_a_bucket_and_resume_from_it(bucket, data_dir, tmp_path,
                                                                       processes):
   """Both processes find each other from SLURM's task environment alone, write their
@@ -138,3 +152,124 @@ def test_two_hosts_save_their_shards_into_a_bucket_and_resume_from_it(bucket, da
   assert report["samples"] == _one_epoch() and report["seed"] == 5 and outs[1].stdout == ""
   bench = results.benchmark_dir(f"{bucket}/results", "cpu-2proc", "resnet")
   assert [p.name for p in bench.iterdir()] == ["result_0.txt"]
+
+
+@pytest.fixture(scope="module")
+def slurm():
+  """A one-node SLURM on 127.0.0.1 for this module (skips where it cannot start)."""
+  why = slurm_cluster.missing()
+  if why:
+    pytest.skip(why)
+  cluster = slurm_cluster.LocalSlurm()
+  try:
+    cluster.start()
+  except RuntimeError as e:
+    cluster.stop()
+    pytest.skip(f"a local SLURM did not start here: {e}")
+  yield cluster
+  cluster.stop()
+
+
+MLBENCH = str(Path(sys.executable).with_name("mlbench"))
+# The mini on 2 CPU devices per task, half an epoch (10 steps), a checkpoint every 2 steps:
+# stopped after its first, its resume ends on its budget (below the target). Each process
+# holds optimizer state of its own (weight-update sharding), so each writes shards.
+MINI = {"--config": "mini", "--system": "cpu-slurm", "--runs": "1", "--checkpoint-every": "2"}
+MORE = ["--cpu-devices", "2", "--seed", "3", "--set", "train_epochs=0.5",
+        "--weight-update-sharding"]
+
+
+def _example(shared: str, data_dir: Path, cache: Path) -> list[str]:
+  """The example's `srun ... mlbench run ...` line, its values set for this node (the mini
+  config, the session's data, the compile cache on this disk), with this `mlbench`."""
+  text = (ROOT / "examples" / "slurm-gpu.sbatch").read_text()
+  [line] = [ln for ln in text.replace("\\\n", " ").splitlines() if ln.startswith("srun ")]
+  argv = shlex.split(line.replace("$SHARED", shared))
+  given = {**MINI, "--data-dir": str(data_dir), "--compile-cache": str(cache)}
+  for option, value in given.items():
+    argv[argv.index(option) + 1] = value
+  argv[argv.index("mlbench")] = MLBENCH
+  return argv + MORE
+
+
+def _env() -> dict[str, str]:
+  return {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+
+
+def _until(ready, what: str, timeout_s: float = 600) -> None:
+  deadline = time.monotonic() + timeout_s
+  while not ready():
+    assert time.monotonic() < deadline, what
+    time.sleep(0.5)
+
+
+def _exit_codes(said: str) -> dict[int, int]:
+  """{task: exit code} from srun's lines ("task 1: Exited with exit code 143", or "tasks 0-1:
+  ..." where they exit together)."""
+  codes = {}
+  for tasks, code in re.findall(r"tasks? ([\d,-]+): Exited with exit code (\d+)", said):
+    for part in tasks.split(","):
+      first, _, last = part.partition("-")
+      codes |= {t: int(code) for t in range(int(first), int(last or first) + 1)}
+  return codes
+
+
+def _run_folders(ckpt: paths.Path, step: int) -> list[paths.Path]:
+  try:
+    return [d for d in ckpt.iterdir() if (d / str(step) / "commit_success.txt").exists()]
+  except FileNotFoundError:  # Nothing there yet (or only the writability probe, just gone).
+    return []
+
+
+@pytest.mark.multiprocess
+def test_sbatch_scancel_and_srun_resume_two_hosts_from_a_bucket(slurm, bucket, data_dir,
+                                                                tmp_path):
+  cache = tmp_path / "jax-cache"
+  script = tmp_path / "job.sbatch"
+  script.write_text("#!/bin/bash\n#SBATCH --job-name=mlbench-resnet50\n#SBATCH --ntasks=2\n"
+                    f"#SBATCH --output={tmp_path}/%x-%j.out\nset -euo pipefail\n"
+                    + shlex.join(_example(bucket, data_dir, cache)) + "\n")
+  submitted = slurm.run("sbatch", "--parsable", str(script), cwd=tmp_path, env=_env())
+  assert submitted.returncode == 0, submitted.stderr + slurm.logs()
+  job = submitted.stdout.strip().split(";")[0]
+  output = tmp_path / f"mlbench-resnet50-{job}.out"
+
+  def running() -> bool:
+    return slurm.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() != ""
+
+  ckpt = paths.path(f"{bucket}/checkpoints")
+  _until(lambda: _run_folders(ckpt, 2) or not running(), "no checkpoint within 600 s")
+  assert running(), output.read_text()[-3000:]
+  assert slurm.run("scancel", job).returncode == 0
+  _until(lambda: not running(), "the job did not end within 60 s of scancel", 60)
+  [run] = _run_folders(ckpt, 2)
+  said = output.read_text()
+  assert said.count(f"resume with: mlbench run resnet50 --resume {run}") == 2, said[-3000:]
+  assert "interrupted by SIGTERM" in said and "Traceback" not in said, said[-3000:]
+  assert _exit_codes(said) == {0: 143, 1: 143}, said[-3000:]
+  step = max(int(p.name) for p in run.iterdir() if p.name.isdigit())
+  assert {p.name for p in (run / str(step) / "state").iterdir()} >= {
+      "ocdbt.process_0", "ocdbt.process_1"}
+  bench = results.benchmark_dir(f"{bucket}/results", "cpu-slurm", "resnet")
+  assert results.result_files(bench) == []
+
+  # The --resume line, through srun. (Without --kill-on-bad-exit: the run ends on its budget,
+  # exit 1 on every task, and srun would kill the task still exiting once the first has.)
+  done = slurm.run("srun", "-n", "2", MLBENCH, "run", "resnet50", "--resume", str(run),
+                   "--cpu-devices", "2", "--data-dir", str(data_dir), "--compile-cache",
+                   str(cache), cwd=tmp_path, env=_env(), timeout=900)
+  assert done.returncode == 1, done.stderr[-3000:]  # every task: its budget, below the target
+  report = json.loads(done.stdout.strip())  # one line: process 0's
+  assert report["status"] == "aborted" and report["seed"] == 3 and report["samples"] == 10 * 64
+  assert [p.name for p in bench.iterdir()] == ["result_0.txt"]
+  log = tmp_path / "result_0.txt"
+  log.write_text((bench / "result_0.txt").read_text())
+  # The saves' deadline is said in the log, in a key the official checker ignores: it passes
+  # the log under the mini's rules but their target (the run ended on its budget).
+  assert '"key": "mlbench_save_deadline", "value": 300' in log.read_text()
+  from mlbench import compliance, rules
+
+  rule = rules.load("resnet", "mini")
+  rule = dataclasses.replace(rule, quality=dataclasses.replace(rule.quality, target=0.0))
+  assert compliance.check_log(log, rule, paths.default_cache_dir()).passed
+

@@ -1,6 +1,6 @@
 """The launch examples parse, and the `mlbench run` in each is a command mlbench accepts.
 
-The 2-process run started with SLURM's task environment is in test_bucket_pod_run.py.
+The examples' `srun` line runs on a real one-node SLURM in test_bucket_runs.py.
 """
 
 from __future__ import annotations

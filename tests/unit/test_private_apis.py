@@ -6,7 +6,8 @@ Each reaches past a library's public API because that API cannot do the job:
 - `faults.gcs_retry` asks google-api-core's `Retry._predicate` (DEFAULT_RETRY's own
   judgement) before saying that it retries;
 - `attention.cudnn` asks jax's own cuDNN checks before tracing;
-- `agreement` and `peers` use jax.distributed's client (its key-value store, barriers).
+- `agreement` and `peers` use jax.distributed's client (its key-value store, barriers) and
+  its process index and count (`peers.leave` runs where jax may be shut down already).
 A release that moves any of them fails here, by name, not in a run; pyproject's ranges are
 the versions these tests (and the storage tests) were run with.
 """
@@ -76,7 +77,8 @@ def test_jax_distributed_client_as_agreement_uses_it():
   from jax._src import distributed
   from jax._src.lib import _jax
 
-  assert hasattr(distributed.global_state, "client")
+  for name in ("client", "process_id", "num_processes"):
+    assert hasattr(distributed.global_state, name), name
   for name in ("key_value_set", "key_value_dir_get", "key_value_delete", "wait_at_barrier",
-               "blocking_key_value_get"):
+               "blocking_key_value_get", "key_value_try_get"):
     assert hasattr(_jax.DistributedRuntimeClient, name), name

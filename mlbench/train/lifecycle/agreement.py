@@ -11,18 +11,25 @@ verdict for all:
 - `SaveVotes.barrier` is orbax's barrier (`AsyncOptions.barrier_sync_fn`): each process
   marks its arrival in the coordination service's key-value store (jax.distributed's, which
   every process already holds) and waits for the others', unless a peer has voted its save
-  failed, this process gave the save up, or `SAVE_TIMEOUT_S` passes. orbax's barriers of
-  its "save in progress" flag, which mlbench never reads, are local: they alone would
-  hold a failed host's save thread, and the run with it, until the others give up.
+  failed, this process gave the save up, or the save's deadline (`savetime`) passes.
+  orbax's barriers of its "save in progress" flag, which mlbench never reads, are local:
+  they alone would hold a failed host's save thread, and the run with it, until the others
+  give up.
 - `SaveVotes.wait` waits for this process's part of a save, watching for a peer's failed
   vote meanwhile (then orbax's threads of this process that wait for that peer are
   cancelled, and woken once every process has cancelled its own: `failed_saves`).
 - `SaveVotes.vote` posts this process's outcome (a process whose part failed cancels its
   waiting threads first), meets the others at a jax.distributed
   barrier (with a deadline) and reads every outcome: a save failed anywhere failed for all,
-  and every host names the same cause (the first storage fault, by process). Every host
-  has finished with the save once the vote is in, so only then is a half-written step
-  removed.
+  and every host names the same cause (the first storage fault, by process; a process that
+  did not vote while its heartbeat went on is named unresponsive, not its storage). The
+  first host to judge the vote posts its verdict, and every host keeps that one (a host
+  that reaches the vote after the others gave up on it agrees with them). Every host has
+  finished with the save once the vote is in, so only then is a half-written step removed.
+
+The keys are named by the run's id, which process 0 chose and every host has, never by a
+host's path of the checkpoint folder: hosts that mount the shared folder at different
+paths meet.
 
 `same_line` gives every host the line process 0 ends a run with (it alone knows where the
 log is kept). In a one-process run nothing here touches the key-value store.
@@ -40,13 +47,11 @@ from collections.abc import Callable
 from typing import Any
 
 from mlbench.storage import faults
+from mlbench.train.lifecycle import savetime
 
-SAVE_TIMEOUT_S = 600
-"""How long any wait of a save may take (orbax's own timeout, each barrier, the vote):
-generous for a pod's save, and the bound on how long a hung storage holds a run."""
 POLL_S = 0.05
 MAX_POLL_S = 0.5
-SAVED, FAULT, PEER, TIMEOUT, BUG = "saved", "fault", "peer", "timeout", "bug"
+SAVED, FAULT, PEER, TIMEOUT, HUNG, BUG = "saved", "fault", "peer", "timeout", "hung", "bug"
 _LOCAL_BARRIERS = ("ThreadSaveMultiHostValueHolder",)
 """orbax's barriers of `CheckpointManager.is_saving_in_progress()`: kept local (see above)."""
 
@@ -63,20 +68,27 @@ class PeerFailed(Exception):
 
 
 class Deadline(TimeoutError):
-  """A wait of a save ran past `SAVE_TIMEOUT_S`."""
+  """A wait of a save ran past its deadline."""
+
+
+class OthersLate(Deadline):
+  """This process's part of a save was done, and the deadline passed while it waited at a
+  barrier for the others' (their storage, or their main thread, is to blame: never its)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-  """One process's part of a save: `kind` (SAVED, FAULT, PEER, TIMEOUT, BUG) and, when it
-  failed, the cause and the fix in words; `running`: the steps of saves this process gave
-  up waiting for whose threads still run (what they wrote cannot be removed yet)."""
+  """One process's part of a save: `kind` (SAVED, FAULT, PEER, TIMEOUT, HUNG, BUG) and, when
+  it failed, the cause and the fix in words; `running`: the steps of saves this process gave
+  up waiting for whose threads still run (what they wrote cannot be removed yet);
+  `seconds`: how long its save took to commit (0: not known)."""
 
   process: int
   kind: str
   cause: str = ""
   fix: str = ""
   running: tuple[int, ...] = ()
+  seconds: float = 0.0
 
   @property
   def ok(self) -> bool:
@@ -87,14 +99,16 @@ class Outcome:
 
 
 def outcome(process: int, error: BaseException | None, where: Any,
-            running: tuple[int, ...] = ()) -> Outcome:
-  """This process's part of a save, from what its wait raised (None: it saved)."""
+            running: tuple[int, ...] = (), *, timeout_s: float = 0.0,
+            seconds: float = 0.0) -> Outcome:
+  """This process's part of a save, from what its wait raised (None: it saved);
+  `timeout_s`: the save's deadline; `seconds`: how long it took to commit."""
   if error is None:
-    return Outcome(process, SAVED, running=running)
-  if isinstance(error, PeerFailed):
+    return Outcome(process, SAVED, running=running, seconds=seconds)
+  if isinstance(error, (PeerFailed, OthersLate)):
     return Outcome(process, PEER, str(error), "", running)
   if isinstance(error, TimeoutError) and error.errno is None:  # orbax's waits, or ours
-    return Outcome(process, TIMEOUT, f"the save did not finish within {SAVE_TIMEOUT_S} s at "
+    return Outcome(process, TIMEOUT, f"the save did not finish within {timeout_s:.0f} s at "
                    f"{where}", f"check {where}", running)
   fault = faults.diagnose(error, where)
   if fault is not None:
@@ -107,7 +121,7 @@ def verdict(outcomes: list[Outcome]) -> Outcome | None:
   """The save's one outcome: None when every process saved, else the failure every host
   names (a storage fault before a timeout before anything else, the first by process)."""
   failed = [o for o in outcomes if not o.ok]
-  for kind in (FAULT, TIMEOUT, BUG, PEER):
+  for kind in (FAULT, TIMEOUT, HUNG, BUG, PEER):
     for o in sorted(failed, key=lambda o: o.process):
       if o.kind == kind:
         return o
@@ -118,17 +132,22 @@ class SaveVotes:
   """The agreement on the saves into one checkpoint folder (one per `Checkpoints`).
 
   Args:
-    directory: the checkpoint folder (names the keys, the same on every process).
+    key: names the keys, the same on every process (the run's id).
     process_index, process_count: this process, and how many there are.
+    timeout_s: the deadline of every wait of a save (`savetime`; settable as it is found).
+    say: where a warning about a late host goes.
   """
 
-  def __init__(self, directory: Any, process_index: int, process_count: int):
-    self._me, self._n = process_index, process_count
+  def __init__(self, key: str, process_index: int, process_count: int,
+               timeout_s: float = savetime.FLOOR_S, say: Callable[[str], None] = print):
+    self._me, self._n, self._say = process_index, process_count, say
+    self.timeout_s = timeout_s
     self._client = client() if process_count > 1 else None
-    self._prefix = "mlbench/saves/" + hashlib.sha1(str(directory).encode()).hexdigest()[:16]
+    self._prefix = "mlbench/saves/" + hashlib.sha1(key.encode()).hexdigest()[:16]
     self._seq, self._step = 0, None
     self._passed: Counter[str] = Counter()
     self._left = threading.Event()  # this process gave the save in flight up
+    self._at_barrier: set[str] = set()  # the barriers where this process waits for others
 
   @property
   def shared(self) -> bool:
@@ -158,31 +177,38 @@ class SaveVotes:
 
     Raises:
       PeerFailed: a peer voted the save failed, or this process left it.
-      Deadline: the others did not arrive within the time orbax gives (at most
-        `SAVE_TIMEOUT_S`).
+      OthersLate: the others did not arrive within the time orbax gives (at most
+        `timeout_s`).
     """
     if self._client is None or key.startswith(_LOCAL_BARRIERS):
       return
     self._passed[key] += 1
     base = self._key("barrier", key, self._passed[key])
     self._client.key_value_set(f"{base}/{self._me}", "1")
-    deadline = time.monotonic() + min(timeout_ms / 1000, SAVE_TIMEOUT_S)
+    deadline = time.monotonic() + min(timeout_ms / 1000, self.timeout_s)
     pause = POLL_S / 4
-    while len(self._client.key_value_dir_get(base + "/")) < self._n:
-      failed = self.failed_peers()
-      if failed or self._left.is_set():
-        raise PeerFailed(failed[0].cause if failed else "this process left the save")
-      if time.monotonic() > deadline:
-        raise Deadline(f"the other processes did not reach {key} of the save of step "
-                       f"{self._step} within {SAVE_TIMEOUT_S} s")
-      time.sleep(pause)  # Soon at first (the others are mostly close behind), then less
-      pause = min(2 * pause, MAX_POLL_S)  # often: a pod's hosts all ask one coordinator.
+    self._at_barrier.add(key)
+    try:
+      while len(self._client.key_value_dir_get(base + "/")) < self._n:
+        failed = self.failed_peers()
+        if failed or self._left.is_set():
+          raise PeerFailed(failed[0].cause if failed else "this process left the save")
+        if time.monotonic() > deadline:
+          raise self._others_late(key)
+        time.sleep(pause)  # Soon at first (the others are mostly close behind), then less
+        pause = min(2 * pause, MAX_POLL_S)  # often: a pod's hosts all ask one coordinator.
+    finally:
+      self._at_barrier.discard(key)
+
+  def _others_late(self, key: str) -> OthersLate:
+    return OthersLate(f"the other processes did not reach {key} of the save of step "
+                      f"{self._step} within {self.timeout_s:.0f} s")
 
   def wait(self, finish: Callable[[], None], cancel: Callable[[], None],
            wake: Callable[[], None],
            timeout_s: float | None = None) -> tuple[BaseException | None, threading.Thread]:
     """Runs `finish` (orbax's wait for this process's part of the save) to its end or
-    `timeout_s` (default `SAVE_TIMEOUT_S`), and returns what it raised (None: nothing;
+    `timeout_s` (default: the save's deadline), and returns what it raised (None: nothing;
     `Deadline`: it still runs) and the thread that runs it.
 
     A peer's failed vote meanwhile means this process's threads of the save may wait for
@@ -200,7 +226,7 @@ class SaveVotes:
 
     worker = threading.Thread(target=run, daemon=True, name="mlbench-save-wait")
     worker.start()
-    timeout_s = timeout_s or SAVE_TIMEOUT_S
+    timeout_s = timeout_s or self.timeout_s
     deadline, cancelled, woken = time.monotonic() + timeout_s, False, False
     while worker.is_alive():
       worker.join(POLL_S * 4)
@@ -215,11 +241,12 @@ class SaveVotes:
         wake()
       if time.monotonic() > deadline:
         # Given up: its threads waiting for others end now, orbax's own timeouts end the rest.
+        late = (tuple(self._at_barrier) or (None,))[0]  # its part done, it waits for others
         self.leave()
         cancel()
         wake()
-        return Deadline(f"the save of step {self._step} did not finish within "
-                        f"{timeout_s:.0f} s"), worker
+        return (self._others_late(late) if late is not None else Deadline(
+            f"the save of step {self._step} did not finish within {timeout_s:.0f} s")), worker
     error = box.pop()  # The box is in the error's traceback: no cycle keeps orbax's
     return error, worker  # manager (and its threads) alive once the caller lets it go.
 
@@ -238,11 +265,11 @@ class SaveVotes:
 
   def vote(self, mine: Outcome, timeout_s: float | None = None) -> list[Outcome]:
     """Posts this process's outcome and returns every process's, once all have voted (a
-    process that has not within `timeout_s`, default `SAVE_TIMEOUT_S`, counts as a failed
-    part)."""
+    process that has not within `timeout_s`, default the save's deadline, counts as a
+    failed part: unresponsive where its heartbeat goes on)."""
     if self._client is None:
       return [mine]
-    timeout_s = timeout_s or SAVE_TIMEOUT_S
+    timeout_s = timeout_s or self.timeout_s
     self.post(mine)
     try:
       self._client.wait_at_barrier(self._key("voted"), int(timeout_s * 1000))
@@ -252,14 +279,52 @@ class SaveVotes:
         self._key("vote") + "/"))}
     if self._seq > 1:  # Every process is past the previous save's vote: its keys can go.
       self._client.key_value_delete(self._key(seq=self._seq - 1) + "/")
-    return [got.get(p) or Outcome(p, TIMEOUT, f"process {p} did not report on the save of "
-                                  f"step {self._step} within {timeout_s:.0f} s",
-                                  "check that host's storage") for p in range(self._n)]
+    return [got.get(p) or self._missing(p, timeout_s) for p in range(self._n)]
+
+  def _missing(self, process: int, timeout_s: float) -> Outcome:
+    """The part of a process that did not vote in time."""
+    from mlbench.train.lifecycle import peers
+
+    if peers.responding(process):
+      return Outcome(process, HUNG, f"process {process} did not report on the save of step "
+                     f"{self._step} within {timeout_s:.0f} s while its heartbeat went on: it is "
+                     "unresponsive (its main thread hangs), not its storage",
+                     f"see what process {process} is doing (py-spy dump --pid PID on its host)")
+    return Outcome(process, TIMEOUT, f"process {process} did not report on the save of step "
+                   f"{self._step} within {timeout_s:.0f} s", "check that host's storage")
+
+  def agree(self, outcomes: list[Outcome]) -> Outcome | None:
+    """The save's one verdict (`verdict`), the same on every host: the first host to judge
+    posts its own, and every host keeps that one. A save process 0 finished is committed
+    (orbax commits once every host has written): a host late to the vote is a warning."""
+    failed = self._agreed(outcomes)
+    if failed is not None and outcomes[0].ok:
+      self._say(f"warning: {failed.cause}; the checkpoint of step {self._step} was saved")
+      return None
+    return failed
+
+  def _agreed(self, outcomes: list[Outcome]) -> Outcome | None:
+    failed = verdict(outcomes)
+    if self._client is None:
+      return failed
+    key = self._key("verdict")
+    try:  # Without overwrite: only the first host's verdict is kept.
+      self._client.key_value_set(key, json.dumps(dataclasses.asdict(failed) if failed else {}))
+    except Exception:  # Another host's verdict was there first: it stands.
+      pass
+    try:
+      posted = json.loads(self._client.blocking_key_value_get(key, 10_000))
+    except Exception:  # The store no longer answers: this host's own judgement.
+      return failed
+    return _outcome(posted) if posted else None
 
 
 def _read(item: tuple[str, str]) -> Outcome:
   """An outcome from its key-value pair."""
-  fields = json.loads(item[1])
+  return _outcome(json.loads(item[1]))
+
+
+def _outcome(fields: dict[str, Any]) -> Outcome:
   return Outcome(**{**fields, "running": tuple(fields.get("running", ()))})
 
 

@@ -15,7 +15,8 @@ The checkpoint folder also holds `run.json` (`runrecord`), so `--resume` repeats
 exactly, and the lease of the live run that owns it (`lease`). Every process saves its own
 shards into the same folder (a disk or a bucket every host writes to); orbax has process 0
 commit the step once all have written, and the processes agree on every save's outcome
-(`agreement`). Restoring (`restore`) reshards onto whatever mesh the resumed run has and
+(`agreement`), each wait of a save within a deadline from the bytes the busiest host writes
+(`savetime`). Restoring (`restore`) reshards onto whatever mesh the resumed run has and
 skips a damaged checkpoint. Each save's full duration is measured: a stop by signal allows
 the final save twice the longest (`signals.allow_for_saves`). A save that fails is one
 warning, and the run goes on; too many in a row stop it (`failed_saves`).
@@ -23,7 +24,6 @@ warning, and the run goes on; too many in a row stop it (`failed_saves`).
 
 from __future__ import annotations
 
-import collections
 import pathlib
 import sys
 import threading
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from mlbench.storage import paths
-from mlbench.train.lifecycle import agreement, failed_saves, restore as restore_lib, signals
+from mlbench.train.lifecycle import agreement, failed_saves, restore as restore_lib, savetime
 from mlbench.train.lifecycle.restore import Snapshot, abstract_state, continue_clock, manager
 
 if TYPE_CHECKING:
@@ -43,8 +43,6 @@ if TYPE_CHECKING:
   from mlbench.train.result import RunResult
   from mlbench.train.plan import Plan
   from mlbench.train.steps import Programs
-
-SAVE_RATE = 100e6  # bytes/s a first save is assumed to write, until one is measured
 
 
 class Checkpoints:
@@ -55,16 +53,22 @@ class Checkpoints:
     every: save after every `every` steps (0: only the final checkpoint of a stop).
     clock, result: the run's clock and RunResult, read at every step.
     log_path: the run's log on process 0, a local file (None elsewhere).
+    say: where one-line warnings go; log: the run's MLLog (says the saves' deadline).
+    key, save_rate: the run's id (names what the hosts agree on; default the folder's
+      name) and `--save-rate` in bytes/s (None: assumed, then measured; `savetime`).
   """
 
   def __init__(self, directory: paths.Path, every: int, clock: Clock, result: RunResult,
-               log_path: pathlib.Path | None, say: Callable[[str], None] | None = None):
-    self.directory = paths.path(directory)
-    self._every = every
-    self._clock, self._result, self._log_path = clock, result, log_path
+               log_path: pathlib.Path | None, say: Callable[[str], None] | None = None, *,
+               log: MLLog | None = None, key: str | None = None,
+               save_rate: float | None = None):
+    self.directory, self._every = paths.path(directory), every
+    self._clock, self._result, self._log_path, self._log = clock, result, log_path, log
+    self._time = savetime.SaveTime(rate=save_rate)
     failed_saves.quiet()
-    self._votes = agreement.SaveVotes(paths.resolve(self.directory), jax.process_index(),
-                                      jax.process_count())
+    self._say = say or (lambda line: print(line, file=sys.stderr))
+    self._votes = agreement.SaveVotes(key or self.directory.name, jax.process_index(),
+                                      jax.process_count(), self._time.seconds, self._say)
     self._mgr = self._manager()
     self._failures = failed_saves.FailedSaves(self.directory, say)
     self._in_flight: int | None = None  # the step of the save not yet agreed on
@@ -74,13 +78,21 @@ class Checkpoints:
     self._waits: dict[int, threading.Thread] = {}  # the waits for failed saves' parts
     self._last: Snapshot | None = None
     self.saves: list[tuple[int, float]] = []  # (step, seconds the loop waited)
-    self.durations: list[float] = []  # seconds from each save's start to its commit
-    self._started: collections.deque[float] = collections.deque()  # of the saves not committed
-    self._estimated = False
+    self.durations = self._time.durations  # from each save's start to its commit
 
   def _manager(self) -> Any:
+    self._mgr_timeout_s = self._votes.timeout_s  # orbax's own, fixed per manager
     with failed_saves.saving():
-      return manager(self.directory, on_saved=self._saved, barrier=self._votes.barrier)
+      return manager(self.directory, on_saved=self._time.committed,
+                     barrier=self._votes.barrier, timeout_s=self._mgr_timeout_s)
+
+  def _timed(self) -> None:
+    """The saves' deadline is found, or a measured save changed it (alike on every host): the
+    waits keep it, the log says it, a shorter manager's timeout is renewed (none in flight)."""
+    self._votes.timeout_s = self._time.seconds
+    self._time.announce(self._log, self._say if jax.process_index() == 0 else None)
+    if self._time.seconds > self._mgr_timeout_s:
+      self._renew()
 
   def after_step(self, step: int, state: Any, sums: Any) -> None:
     """Remembers the run after `step`; saves if `step` is a multiple of `every`."""
@@ -90,11 +102,9 @@ class Checkpoints:
         marks=dict(self._clock.marks), segments=dict(self._clock.segments),
         evals=list(self._result.evals), input_wait_s=self._result.input_wait_s,
         taken=time.time())
-    if not self._estimated:  # Until a save is measured: from the state's size.
-      self._estimated = True
-      size = sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(state)) / jax.process_count()
-      signals.allow_for_saves(size / SAVE_RATE, f"save time estimated from the state's "
-                              f"{size / 2**20:,.0f} MiB at {SAVE_RATE / 1e6:g} MB/s")
+    if not self._time.busiest:  # The first state seen: the saves' size, and deadline.
+      self._time.sized((state, sums))
+      self._timed()
     if self._every and step % self._every == 0:
       self._save(self._last)
 
@@ -144,13 +154,16 @@ class Checkpoints:
       return
     error = self._wait(step)
     mine = agreement.outcome(jax.process_index(), error, self.directory, running=tuple(
-        s for s, wait in self._waits.items() if wait.is_alive()))
+        s for s, wait in self._waits.items() if wait.is_alive()),
+        timeout_s=self._votes.timeout_s, seconds=self.durations[-1] if self.durations else 0)
     outcomes = self._votes.vote(mine)
-    failed = agreement.verdict(outcomes)
+    failed = self._votes.agree(outcomes)
     if failed is None:
       self._waits.pop(step, None)
       self._remove_finished(outcomes)
       self._failures.succeeded()
+      if self._time.measure(step, max(o.seconds for o in outcomes)):
+        self._timed()
       return
     self._waits.setdefault(step, threading.Thread())  # (a save that failed at once)
     self._failed(step, failed, error if mine.kind == agreement.BUG else None, stop=stop,
@@ -160,7 +173,7 @@ class Checkpoints:
               stop: bool, reopen: bool, outcomes: list[agreement.Outcome] | None = None) -> None:
     """The save of `step` failed (`failed` says why); `bug`: this process's error, no
     storage fault, raised (after any vote: the others do not wait for it)."""
-    self._started.clear()  # No commit will come for it.
+    self._time.dropped(every=True)  # No commit will come for it.
     if bug is not None:
       raise bug
     self._renew(reopen=reopen)
@@ -222,7 +235,7 @@ class Checkpoints:
     t0 = time.perf_counter()
     self.settle(stop=stop)  # orbax's save() waits for it too; here a failure is said.
     self._votes.begin(snap.step)
-    self._started.append(t0)
+    self._time.started()
     self._in_flight = snap.step
     # The step loop forbids implicit transfers; saving is an intended one.
     with jax.transfer_guard("allow"), failed_saves.saving():
@@ -232,22 +245,16 @@ class Checkpoints:
             state=ocp.args.PyTreeSave(state), sums=ocp.args.PyTreeSave(snap.sums),
             meta=ocp.args.JsonSave(snap.meta(self._log_path))))
       except Exception as e:  # Failed at once: agreed on at the next settle, as a failure
-        self._started.pop()  # in the background is (others may wait for its writes).
+        self._time.dropped()  # in the background is (others may wait for its writes).
         self._raised = e
         return
       except BaseException:
-        self._started.pop()
+        self._time.dropped()
         self._in_flight = None
         raise
     waited = time.perf_counter() - t0
     self._clock.add("checkpoint", waited)
     self.saves.append((snap.step, waited))
-
-  def _saved(self) -> None:
-    """orbax committed a save (in the order they started; the next save's call waits for
-    it): how long it took in all."""
-    self.durations.append(time.perf_counter() - self._started.popleft())
-    signals.allow_for_saves(max(self.durations), "longest checkpoint save of this run")
 
 
 class RunSaver:
@@ -258,13 +265,14 @@ class RunSaver:
     every: checkpoint every this many steps (0: only when stopped by a signal).
     resuming: continue from the newest usable checkpoint in `directory`.
     say: where the one-line reports of damaged checkpoints go (process 0 only).
+    key, save_rate: the run's id and `--save-rate` (`Checkpoints`).
   """
 
   def __init__(self, directory: paths.Path, every: int, *, resuming: bool = False,
-               say: Callable[[str], None] | None = None):
+               say: Callable[[str], None] | None = None, key: str | None = None,
+               save_rate: float | None = None):
     self.directory = paths.path(directory)
-    self.every = every
-    self.resuming = resuming
+    self.every, self.resuming, self._key, self._rate = every, resuming, key, save_rate
     self._leader = jax.process_index() == 0
     self._say = say or (lambda line: print(line, file=sys.stderr))
     self.meta, self.step = None, None
@@ -292,20 +300,8 @@ class RunSaver:
     init = steps.init_fn(plan.workload, plan.cfg, plan.tx)
     got = self._restorable(abstract_state(init, programs.state_sharding, plan.mesh),
                            programs.sums_sharding, clock, log)
-    if jax.process_count() > 1:  # Every process past its choice before anyone saves again.
-      from jax.experimental import multihost_utils
-
-      multihost_utils.sync_global_devices("mlbench-restored")
-    state = jax.device_put(got.state, programs.state_sharding)
-    sums = jax.device_put(got.sums, programs.sums_sharding)
-    t = clock.mark("resumed", state)
-    clock.add("init", clock.between("resume_start", "resumed"))
-    clock.marks["block_start"] = clock.marks["resumed"]
-    # Not an MLPerf key (the checker ignores it): tells a reader, and validate, that this
-    # run continued from a checkpoint, from which step, and what it cost.
-    log.event("mlbench_resumed", got.step, {
-        "checkpoint": str(self.directory), "devices": len(plan.runtime.devices),
-        "lost_s": round(clock.marks["resume_start"] - got.meta["taken"], 3)}, time_ms=t)
+    state, sums = restore_lib.placed(got, programs, clock, log, directory=self.directory,
+                                     devices=len(plan.runtime.devices))
     return state, got.step, sums
 
   def _restorable(self, abstract: Any, sums_sharding: Any, clock: Clock,
@@ -322,7 +318,8 @@ class RunSaver:
 
   def start(self, clock: Clock, result: RunResult, log: MLLog) -> None:
     """Begins saving (after the state exists and the clock runs)."""
-    self._ckpts = Checkpoints(self.directory, self.every, clock, result, log.path, say=self._say)
+    self._ckpts = Checkpoints(self.directory, self.every, clock, result, log.path, say=self._say,
+                              log=log, key=self._key, save_rate=self._rate)
 
   def after_step(self, step: int, state: Any, sums: Any) -> None:
     self._ckpts.after_step(step, state, sums)

@@ -45,11 +45,15 @@ class RunEnd:
     folder: the run folder, where a stopped run's log is kept.
     saver: its checkpointing (a `checkpoint.RunSaver`), or None.
     lease: its lease on the checkpoint folder, or None (off process 0, no checkpoints).
+    run_id: the run's id, the same on every host (names what the hosts agree on; default
+      the run folder's name).
   """
 
   def __init__(self, name: str, log: MLLog, pending: PendingRun | None, folder: paths.Path,
-               saver: RunSaver | None, lease: Lease | None, console: Console):
+               saver: RunSaver | None, lease: Lease | None, console: Console, *,
+               run_id: str | None = None):
     self.log, self._name, self._pending, self._folder = log, name, pending, folder
+    self._run_id = run_id or paths.path(folder).name
     self._saver, self._lease, self._console = saver, lease, console
     self._lock = threading.Lock()
     self._state = RUNNING
@@ -161,7 +165,7 @@ class RunEnd:
     # Every host stops on the line process 0 says (it knows where the log is kept).
     import jax
 
-    return agreement.same_line(str(self._folder), line, leader=jax.process_index() == 0,
+    return agreement.same_line(self._run_id, line, leader=jax.process_index() == 0,
                                process_count=jax.process_count())
 
   def cut_short(self, signum: int) -> None:

@@ -12,6 +12,7 @@ the previous one is used. None usable is a one-line error.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from collections.abc import Callable
@@ -24,8 +25,10 @@ from mlbench.storage import paths
 from mlbench.errors import UserError
 
 if TYPE_CHECKING:
+  from mlbench.mllog import MLLog
   from mlbench.train.clock import Clock
   from mlbench.train.result import RunResult
+  from mlbench.train.steps import Programs
 
 
 @dataclasses.dataclass
@@ -93,19 +96,21 @@ def _array_handlers() -> Any:
 
 
 def manager(directory: paths.Path, on_saved: Callable[[], None] | None = None,
-            barrier: Callable[..., None] | None = None) -> Any:
+            barrier: Callable[..., None] | None = None, timeout_s: float | None = None) -> Any:
   """The run's orbax CheckpointManager; `on_saved` runs when a save is committed; `barrier`
   is the one its saves meet the other processes at (`agreement.SaveVotes.barrier`), every
-  wait of a save bounded by `agreement.SAVE_TIMEOUT_S` (orbax's default is 20 minutes)."""
+  wait of a save bounded by `timeout_s` (default `savetime.FLOOR_S`; orbax's own default is
+  20 minutes)."""
   import orbax.checkpoint as ocp
 
-  from mlbench.train.lifecycle.agreement import SAVE_TIMEOUT_S
+  from mlbench.train.lifecycle import savetime
 
   options = ocp.CheckpointManagerOptions(
       enable_async_checkpointing=True, create=True,
       preservation_policy=ocp.checkpoint_managers.LatestN(n=2),
       async_options=ocp.AsyncOptions(post_finalization_callback=on_saved,
-                                     barrier_sync_fn=barrier, timeout_secs=SAVE_TIMEOUT_S))
+                                     barrier_sync_fn=barrier,
+                                     timeout_secs=math.ceil(timeout_s or savetime.FLOOR_S)))
   return ocp.CheckpointManager(
       paths.resolve(directory), options=options, item_names=ITEMS,
       item_handlers={"state": _array_handlers(), "sums": _array_handlers(),
@@ -288,3 +293,24 @@ def report(directory: paths.PathLike, damaged: list[tuple[int, str]], step: int)
   """One line per damaged checkpoint set aside, naming the one the run resumes from."""
   return [f"warning: the checkpoint of step {s} in {directory} is damaged ({w}); it is kept "
           f"as {s}.damaged and the run resumes from step {step}" for s, w in damaged]
+
+
+def placed(got: Restored, programs: Programs, clock: Clock, log: MLLog, *,
+           directory: paths.Path, devices: int) -> tuple[Any, Any]:
+  """The restored state and sums on the run's mesh, once every process has chosen its
+  checkpoint; the clock and the log say the resume."""
+  if jax.process_count() > 1:  # Every process past its choice before anyone saves again.
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices("mlbench-restored")
+  state = jax.device_put(got.state, programs.state_sharding)
+  sums = jax.device_put(got.sums, programs.sums_sharding)
+  t = clock.mark("resumed", state)
+  clock.add("init", clock.between("resume_start", "resumed"))
+  clock.marks["block_start"] = clock.marks["resumed"]
+  # Not an MLPerf key (the checker ignores it): tells a reader, and validate, that this
+  # run continued from a checkpoint, from which step, and what it cost.
+  log.event("mlbench_resumed", got.step, {
+      "checkpoint": str(directory), "devices": devices,
+      "lost_s": round(clock.marks["resume_start"] - got.meta["taken"], 3)}, time_ms=t)
+  return state, sums

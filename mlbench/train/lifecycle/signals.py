@@ -19,12 +19,12 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from mlbench.errors import Interrupted
+from mlbench.train.lifecycle import peers
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 GRACE_S = 8.0  # A stop without checkpoints: within 10 s; the rest is the process's own exit.
@@ -56,8 +56,7 @@ def _watchdog(signum: int, grace_s: float) -> None:
   try:
     _state.on_timeout(signum)
   finally:
-    sys.stderr.flush()
-    os._exit(128 + signum)
+    peers.abrupt(128 + signum)
 
 
 def _received(signum: int) -> None:
@@ -65,7 +64,7 @@ def _received(signum: int) -> None:
     _state.count += 1
     if _state.count > 1:  # The second signal: no more waiting.
       os.write(2, f"\n{_name(signum)} again: exiting now\n".encode())
-      os._exit(128 + signum)
+      peers.abrupt(128 + signum)
     _state.signum = signum
     grace_s, why = grace()
   os.write(2, f"\n{_name(signum)}: stopping the run at the next step, within {grace_s:.0f} s"
