@@ -69,12 +69,14 @@ or over `expert` (leading axis, every expert's weights)."""
 
 
 def per_device(body: Callable[..., Any], mesh: Any, kinds: tuple[str, ...], *,
-               axes: tuple[str, ...], sharded: bool) -> Callable:
+               axes: tuple[str, ...], sharded: bool,
+               out_kinds: tuple[str, ...] | str = (TOKENS, WHOLE)) -> Callable:
   """`body` as a per-device program over `mesh`, its arguments split as `kinds` says
-  (`TOKENS`, `WHOLE`, `EXPERTS`; experts whole unless `sharded`); it returns (tokens
-  split as a `TOKENS` argument, values equal on every device)."""
+  (`TOKENS`, `WHOLE`, `EXPERTS`; experts whole unless `sharded`), its results as
+  `out_kinds` (a tuple of them, or one for a single array)."""
   from jax.sharding import PartitionSpec as P
 
   spec = {TOKENS: P(axes), WHOLE: P(), EXPERTS: P(EXPERT) if sharded else P()}
+  outs = spec[out_kinds] if isinstance(out_kinds, str) else tuple(spec[k] for k in out_kinds)
   return jax.shard_map(body, mesh=mesh, in_specs=tuple(spec[k] for k in kinds),
-                       out_specs=(P(axes), P()), check_vma=True)
+                       out_specs=outs, check_vma=True)
