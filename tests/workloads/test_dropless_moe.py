@@ -1,8 +1,8 @@
 """The dropless MoE (`workloads.common.dropless_moe`): every token reaches exactly its top-k
 experts at any load, equal in float32 (values and gradients) to a dense reference that runs
 every expert on every token and masks by the routing; expert parallelism over the 8 test
-devices gives the one-device results; megablox's gmm (Pallas's interpreter) gives
-ragged_dot's."""
+devices gives the one-device results; megablox's gmm (Pallas's interpreter) and the
+chunked loop (the CPU's kernel, which the tests above run) give ragged_dot's."""
 
 from __future__ import annotations
 
@@ -53,21 +53,26 @@ def _loss(fn):
 
 
 @functools.cache
-def _program(shape: tuple[tuple[str, int], ...] | None):
+def _program(shape: tuple[tuple[str, int], ...] | None, grouped: Grouped = Grouped.AUTO):
   """jit of (y, gradients of every input) of the layer on `shape`'s mesh (None: one
   program), shared by the tests."""
   mesh = None if shape is None else mesh_lib.make_mesh(dict(shape))
-  layer = functools.partial(dropless_moe.dropless_ffn, k=K, mesh=mesh)
+  layer = functools.partial(dropless_moe.dropless_ffn, k=K, mesh=mesh, grouped=grouped)
   grads = jax.grad(_loss(layer), argnums=tuple(range(5)))
   return jax.jit(lambda *p: (layer(*p), grads(*p)))
+
+
+@functools.cache
+def _dense_program():
+  return jax.jit(lambda *p: (dense(*p), jax.grad(_loss(dense), argnums=tuple(range(5)))(*p)))
 
 
 @pytest.mark.parametrize("load", LOADS)
 def test_every_token_reaches_exactly_its_top_k_experts_as_a_dense_reference(load):
   params = _params(load)
   y, grads = _program(None)(*params)
-  np.testing.assert_allclose(np.asarray(y), np.asarray(dense(*params)), rtol=1e-5, atol=1e-5)
-  want = jax.grad(_loss(dense), argnums=tuple(range(5)))(*params)
+  want_y, want = _dense_program()(*params)
+  np.testing.assert_allclose(np.asarray(y), np.asarray(want_y), rtol=1e-5, atol=1e-5)
   for name, got, ref in zip(("x", "router", "wi_gate", "wi_up", "wo"), grads, want):
     np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-4, atol=1e-4,
                                err_msg=name)
@@ -85,12 +90,20 @@ def test_the_router_is_float32_and_its_gates_a_softmax_over_the_top_k():
   np.testing.assert_allclose(np.asarray(gates), [want], rtol=1e-6)
 
 
-@pytest.mark.parametrize("shape", [(("expert", 8),), (("data", 2), ("expert", 4))])
+@pytest.mark.parametrize("shape, grouped", [
+    # One expert a device: a token sends it at most one row (the buffer's sizing).
+    ((("expert", 8),), Grouped.AUTO),
+    # FSDP (no expert axis): every device runs every expert on its own tokens.
+    ((("data", 8),), Grouped.RAGGED_DOT),
+    # megablox gmm per device (interpreted): shard_map without its vma checks, which a
+    # Pallas kernel's untyped outputs fail; `model` replicates the layer, which must not
+    # add its gradients up twice.
+    ((("data", 2), ("model", 2), ("expert", 2)), Grouped.GMM)])
 @pytest.mark.parametrize("load", LOADS)
-def test_expert_parallel_gives_the_single_device_outputs_and_gradients(shape, load):
+def test_expert_parallel_gives_the_single_device_outputs_and_gradients(shape, grouped, load):
   params = _params(load, seed=1)
   y1, grads1 = _program(None)(*params)
-  y8, grads8 = _program(shape)(*params)
+  y8, grads8 = _program(shape, grouped)(*params)
   np.testing.assert_allclose(np.asarray(y8), np.asarray(y1), rtol=1e-5, atol=1e-5)
   for g1, g8 in zip(grads1, grads8):
     np.testing.assert_allclose(np.asarray(g8), np.asarray(g1), rtol=1e-4, atol=1e-5)
@@ -98,9 +111,10 @@ def test_expert_parallel_gives_the_single_device_outputs_and_gradients(shape, lo
 
 def test_the_module_has_the_interface_parameters_and_computes_in_its_dtype():
   layer = dropless_moe.DroplessMoE(experts=E, top_k=K, hidden=M, ffn=F, dtype=jnp.bfloat16,
-                                   param_dtype=jnp.float32, init_std=0.008)
+                                   param_dtype=jnp.float32, init_std=0.008,
+                                   grouped=Grouped.RAGGED_DOT)  # the quickest to compile
   x = _params("random")[0]
-  variables = layer.init(jax.random.key(0), x)
+  variables = jax.jit(layer.init)(jax.random.key(0), x)
   shapes = jax.tree.map(lambda a: (a.shape, a.dtype.name), variables["params"])
   assert shapes == {"router": ((M, E), "float32"), "wi_gate": ((E, M, F), "float32"),
                     "wi_up": ((E, M, F), "float32"), "wo": ((E, F, M), "float32")}
@@ -109,7 +123,7 @@ def test_the_module_has_the_interface_parameters_and_computes_in_its_dtype():
   assert y.shape == x.shape and y.dtype == jnp.bfloat16
 
 
-def test_megablox_gmm_computes_ragged_dots_values_and_gradients():
+def test_megablox_gmm_and_the_chunked_loop_compute_ragged_dots_values_and_gradients():
   # Rows past the groups (the last 40) are unspecified from gmm: they are left out.
   rng = np.random.default_rng(2)
   x = jnp.asarray(rng.normal(size=(256, 128)), jnp.float32)
@@ -122,8 +136,10 @@ def test_megablox_gmm_computes_ragged_dots_values_and_gradients():
     loss = lambda x, w: jnp.sum(mm(x, w)[:used] ** 2)  # noqa: E731
     return jax.jit(lambda x, w: (mm(x, w)[:used], jax.grad(loss, (0, 1))(x, w)))(x, w)
 
-  (y_r, (gx_r, gw_r)), (y_g, (gx_g, gw_g)) = run(Grouped.RAGGED_DOT), run(Grouped.GMM)
-  np.testing.assert_allclose(np.asarray(y_g), np.asarray(y_r), rtol=1e-4, atol=1e-4)
-  np.testing.assert_allclose(np.asarray(gx_g)[:used], np.asarray(gx_r)[:used], rtol=1e-4,
-                             atol=1e-3)
-  np.testing.assert_allclose(np.asarray(gw_g), np.asarray(gw_r), rtol=1e-4, atol=1e-3)
+  y_r, (gx_r, gw_r) = run(Grouped.RAGGED_DOT)
+  for kernel in (Grouped.GMM, Grouped.CHUNKED):
+    y, (gx, gw) = run(kernel)
+    np.testing.assert_allclose(np.asarray(y), np.asarray(y_r), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(gx)[:used], np.asarray(gx_r)[:used], rtol=1e-4,
+                               atol=1e-3)
+    np.testing.assert_allclose(np.asarray(gw), np.asarray(gw_r), rtol=1e-4, atol=1e-3)

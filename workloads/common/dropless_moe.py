@@ -18,8 +18,11 @@ Expert parallelism: with a mesh axis `expert` of n > 1 devices, a per-device pro
 (`workloads.common.expert_mesh`, GShard's split: tokens over `data` x `expert`, experts
 over `expert`): each device routes and sorts its tokens, the all-to-alls of
 `workloads.common.expert_exchange` carry the rows to their experts' devices (a receive
-buffer sized for the worst case, since dropless has no capacity) and back. Without an
-`expert` axis the layer is one program that GSPMD splits by the parameters' annotations.
+buffer sized for the worst case, since dropless has no capacity: n times an even load's
+rows, which XLA's estimate and memory count in full) and back. Without an `expert` axis
+the same per-device program over the token axes runs every expert on its own tokens, the
+experts' weights gathered whole (FSDP: sharded by annotation outside, gathered per layer
+as GSPMD's all-gather, their gradients reduce-scattered): exact rows, no worst case.
 
 Shape suffixes: B batch, T tokens per sequence, N tokens, M width, E experts, F expert
 hidden width, K the k choices per token, A = N k assignments, R receive buffer rows.
@@ -118,7 +121,7 @@ def dropless_ffn(x_BTM: jax.Array, router_ME: jax.Array, wi_gate_EMF: jax.Array,
   kernel = resolve(grouped, platform)
   weights = (wi_gate_EMF, wi_up_EMF, wo_EFM)
   b, t, m = x_BTM.shape
-  if expert_mesh.one_program(mesh) or expert_mesh.expert_shards(mesh) == 1:
+  if expert_mesh.one_program(mesh):
     y = _local(x_BTM.reshape(b * t, m), router_ME, weights, k=k, kernel=kernel,
                platform=platform, axis=None, devices=1)
     return y.reshape(b, t, m)
@@ -127,12 +130,13 @@ def dropless_ffn(x_BTM: jax.Array, router_ME: jax.Array, wi_gate_EMF: jax.Array,
   def body(x, r, wg, wu, wo):
     bl = x.shape[0]
     y = _local(x.reshape(bl * t, m), r, (wg, wu, wo), k=k, kernel=kernel, platform=platform,
-               axis=expert_mesh.EXPERT, devices=shards)
+               axis=expert_mesh.EXPERT if shards > 1 else None, devices=shards)
     return y.reshape(bl, t, m)
 
   kinds = (expert_mesh.TOKENS, expert_mesh.WHOLE) + (expert_mesh.EXPERTS,) * 3
-  return expert_mesh.per_device(body, mesh, kinds, axes=axes, sharded=True,
-                                out_kinds=expert_mesh.TOKENS)(x_BTM, router_ME, *weights)
+  return expert_mesh.per_device(body, mesh, kinds, axes=axes, sharded=shards > 1,
+                                out_kinds=expert_mesh.TOKENS,
+                                check_vma=kernel is not Grouped.GMM)(x_BTM, router_ME, *weights)
 
 
 class DroplessMoE(nn.Module):

@@ -70,13 +70,16 @@ or over `expert` (leading axis, every expert's weights)."""
 
 def per_device(body: Callable[..., Any], mesh: Any, kinds: tuple[str, ...], *,
                axes: tuple[str, ...], sharded: bool,
-               out_kinds: tuple[str, ...] | str = (TOKENS, WHOLE)) -> Callable:
+               out_kinds: tuple[str, ...] | str = (TOKENS, WHOLE),
+               check_vma: bool = True) -> Callable:
   """`body` as a per-device program over `mesh`, its arguments split as `kinds` says
   (`TOKENS`, `WHOLE`, `EXPERTS`; experts whole unless `sharded`), its results as
-  `out_kinds` (a tuple of them, or one for a single array)."""
+  `out_kinds` (a tuple of them, or one for a single array). `check_vma=False` where the
+  body holds a Pallas kernel whose output types say nothing of the mesh axes they vary
+  over (megablox's gmm: shard_map refuses it otherwise)."""
   from jax.sharding import PartitionSpec as P
 
   spec = {TOKENS: P(axes), WHOLE: P(), EXPERTS: P(EXPERT) if sharded else P()}
   outs = spec[out_kinds] if isinstance(out_kinds, str) else tuple(spec[k] for k in out_kinds)
   return jax.shard_map(body, mesh=mesh, in_specs=tuple(spec[k] for k in kinds),
-                       out_specs=outs, check_vma=True)
+                       out_specs=outs, check_vma=check_vma)

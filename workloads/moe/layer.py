@@ -141,9 +141,13 @@ def _choices(logits_GSE: jax.Array, gates_GSE: jax.Array, k: int,
 
 
 def experts(x_EGCM: jax.Array, wi_EMF: jax.Array, wo_EFM: jax.Array,
-            activation: Callable[[jax.Array], jax.Array] = jax.nn.relu) -> jax.Array:
-  """Each expert's two-layer feed-forward over its slots (no biases, as GShard)."""
-  h_EGCF = activation(jnp.einsum("egcm,emf->egcf", x_EGCM, wi_EMF.astype(x_EGCM.dtype)))
+            activation: Callable[[jax.Array], jax.Array] = jax.nn.relu,
+            wi_gate_EMF: jax.Array | None = None) -> jax.Array:
+  """Each expert's two-layer feed-forward over its slots (no biases, as GShard); with
+  `wi_gate_EMF`, a gated one: activation(x wi_gate) * (x wi) (SwiGLU with silu)."""
+  up = lambda w: jnp.einsum("egcm,emf->egcf", x_EGCM, w.astype(x_EGCM.dtype))  # noqa: E731
+  h_EGCF = (activation(up(wi_EMF)) if wi_gate_EMF is None
+            else activation(up(wi_gate_EMF)) * up(wi_EMF))
   return jnp.einsum("egcf,efm->egcm", h_EGCF, wo_EFM.astype(x_EGCM.dtype))
 
 
@@ -158,9 +162,9 @@ def summarize(aux_loss: jax.Array, z_loss: jax.Array, counts: dict[str, jax.Arra
 
 
 def _local(x_GSM: jax.Array, router_ME: jax.Array, wi_EMF: jax.Array, wo_EFM: jax.Array,
-           uniform_GS: jax.Array | None, *, k: int, capacity_factor: float, activation: Callable,
-           expert_axis: str | None, reduce_axes: tuple[str, ...]
-           ) -> tuple[jax.Array, dict[str, jax.Array]]:
+           uniform_GS: jax.Array | None, wi_gate_EMF: jax.Array | None, *, k: int,
+           capacity_factor: float, activation: Callable, expert_axis: str | None,
+           reduce_axes: tuple[str, ...]) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The MoE layer on one device's groups; with `expert_axis`, its experts are a shard."""
   e = router_ME.shape[-1]
   logits_GSE = jnp.einsum("gsm,me->gse", x_GSM.astype(jnp.float32), router_ME)
@@ -169,7 +173,7 @@ def _local(x_GSM: jax.Array, router_ME: jax.Array, wi_EMF: jax.Array, wo_EFM: ja
   x_EGCM = jnp.einsum("gsec,gsm->egcm", routing.dispatch_GSEC.astype(x_GSM.dtype), x_GSM)
   if expert_axis is not None:  # [E, G, ...] -> this device's experts: [E/n, n*G, ...]
     x_EGCM = jax.lax.all_to_all(x_EGCM, expert_axis, split_axis=0, concat_axis=1, tiled=True)
-  y_EGCM = experts(x_EGCM, wi_EMF, wo_EFM, activation)
+  y_EGCM = experts(x_EGCM, wi_EMF, wo_EFM, activation, wi_gate_EMF)
   if expert_axis is not None:  # and back to the devices that hold the tokens
     y_EGCM = jax.lax.all_to_all(y_EGCM, expert_axis, split_axis=1, concat_axis=0, tiled=True)
   y_GSM = jnp.einsum("gsec,egcm->gsm", routing.combine_GSEC.astype(y_EGCM.dtype), y_EGCM)
@@ -183,7 +187,8 @@ def _local(x_GSM: jax.Array, router_ME: jax.Array, wi_EMF: jax.Array, wo_EFM: ja
 def moe_ffn(x_GSM: jax.Array, router_ME: jax.Array, wi_EMF: jax.Array, wo_EFM: jax.Array, *,
             k: int, capacity_factor: float, mesh: Any | None = None,
             activation: Callable[[jax.Array], jax.Array] = jax.nn.relu,
-            uniform_GS: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+            uniform_GS: jax.Array | None = None, wi_gate_EMF: jax.Array | None = None
+            ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The MoE feed-forward of groups of tokens, and its routing statistics.
 
   Args:
@@ -198,6 +203,7 @@ def moe_ffn(x_GSM: jax.Array, router_ME: jax.Array, wi_EMF: jax.Array, wo_EFM: j
     uniform_GS: uniform numbers in [0, 1), one per token, drawn for the whole batch
       (so a split over devices routes as one device does): the second expert is
       dispatched at random, GShard's way (`route`). None: always.
+    wi_gate_EMF: gated experts (`experts`): activation(x wi_gate) * (x wi_EMF).
 
   Returns:
     (y_GSM, stats): the layer output (0 for tokens no expert took) and scalars
@@ -206,17 +212,19 @@ def moe_ffn(x_GSM: jax.Array, router_ME: jax.Array, wi_EMF: jax.Array, wo_EFM: j
     over the mean; 1 is perfect balance), over all groups.
   """
   if expert_mesh.one_program(mesh):
-    return _local(x_GSM, router_ME, wi_EMF, wo_EFM, uniform_GS, k=k,
+    return _local(x_GSM, router_ME, wi_EMF, wo_EFM, uniform_GS, wi_gate_EMF, k=k,
                   capacity_factor=capacity_factor, activation=activation, expert_axis=None,
                   reduce_axes=())
   axes, shards = expert_mesh.check_split(mesh, experts=router_ME.shape[-1],
                                          rows=x_GSM.shape[0])
   body = expert_mesh.per_device(
-      lambda x, r, wi, wo, u: _local(x, r, wi, wo, u, k=k, capacity_factor=capacity_factor,
-                                     activation=activation,
-                                     expert_axis=EXPERT if shards > 1 else None,
-                                     reduce_axes=axes),
+      lambda x, r, wi, wo, u, wg: _local(x, r, wi, wo, u, wg, k=k,
+                                         capacity_factor=capacity_factor,
+                                         activation=activation,
+                                         expert_axis=EXPERT if shards > 1 else None,
+                                         reduce_axes=axes),
       mesh, (expert_mesh.TOKENS, expert_mesh.WHOLE, expert_mesh.EXPERTS, expert_mesh.EXPERTS,
-             expert_mesh.WHOLE if uniform_GS is None else expert_mesh.TOKENS),
+             expert_mesh.WHOLE if uniform_GS is None else expert_mesh.TOKENS,
+             expert_mesh.EXPERTS),
       axes=axes, sharded=shards > 1)
-  return body(x_GSM, router_ME, wi_EMF, wo_EFM, uniform_GS)
+  return body(x_GSM, router_ME, wi_EMF, wo_EFM, uniform_GS, wi_gate_EMF)
