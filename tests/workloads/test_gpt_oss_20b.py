@@ -34,6 +34,17 @@ def test_full_config_has_the_parameters_of_gpt_oss_20b():
   assert counts["active"] == expected - layers * 28 * 3 * h * f - v * h == 3_397_530_432
 
 
+def test_model_flops_are_6nd_over_the_active_matmul_parameters_plus_attention():
+  """Megatron/MLPerf's convention: 6 x the parameters a token multiplies (the active ones
+  less the norm scales) x the tokens, plus attention's scores and weighted values over the
+  keys each query sees, causal counted in full: 8,192 keys in the 12 full layers, the
+  window's 129 in the 12 sliding ones; 4 x L x keys x 4,096 a layer forward."""
+  d, q = 8192, 64 * 64
+  matmul = 3_397_530_432 - 24 * (2 * 2880 + 2 * 64) - 2880
+  attention = 12 * 4 * d * d * q + 12 * 4 * d * 129 * q
+  assert train.flops_per_example(config.full()) == 6 * matmul * d + 3 * attention
+
+
 def test_layers_alternate_as_megatrons_window_attn_skip_freq_list():
   # The reference's list (gpt_oss_20B-pretrain.yaml L112), read as Megatron-core's
   # is_layer_window_attention reads it: entry layer_number - 1, 1 = sliding window.

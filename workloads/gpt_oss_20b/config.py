@@ -156,7 +156,7 @@ def mini() -> GptOssConfig:
   return GptOssConfig(
       name="mini",
       model=ModelConfig(vocab_size=1024, width=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                        head_dim=32, num_experts=8, top_k=2, expert_size=128, window=32,
+                        head_dim=32, num_experts=4, top_k=2, expert_size=128, window=32,
                         rope_theta=10_000.0, init_std=0.02, dtype=DType.FLOAT32,
                         remat=Remat.NONE),
       data=DataConfig(source=Source.PYDOC, seq_length=256, train_prefix="train_text_document",
