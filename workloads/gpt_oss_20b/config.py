@@ -150,9 +150,11 @@ def full() -> GptOssConfig:
 
 def mini() -> GptOssConfig:
   """A 2-layer, 128-wide GPT-OSS (layer 0 sliding over 32 keys back, layer 1 full; 4 query
-  and 2 key/value heads of 32; 8 experts of width 128, top-2) on CPython's docstrings and
-  pydoc help texts with their 1,024-token byte-level BPE (llama31_8b's mini corpus),
-  sequences of 256 tokens, batch 8."""
+  and 2 key/value heads of 32; 4 experts of width 128, top-2) on CPython's docstrings and
+  pydoc help texts with their 1,024-token byte-level BPE (llama31_8b's mini corpus; its
+  end-of-document token, id 0, masked), sequences of 256 tokens, batch 8, learning rate
+  1e-2. Reaches the mini target (held-out log perplexity 5.4; a unigram model scores 5.94)
+  after 80 steps: about 30 s of training and 50 s of compiling on a loaded 2-core CPU."""
   return GptOssConfig(
       name="mini",
       model=ModelConfig(vocab_size=1024, width=128, num_layers=2, num_heads=4, num_kv_heads=2,
