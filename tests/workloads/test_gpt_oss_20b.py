@@ -189,3 +189,32 @@ def test_the_full_configs_logged_keys_pass_the_official_6_1_0_closed_checker(tmp
   verdict = compliance.check_log(tmp_path / "full.txt", plan.rule, tmp_path)
   assert verdict.passed, verdict.failures()
   assert rules.load("gpt_oss_20b", "mini").hyperparameters != plan.rule.hyperparameters
+
+
+def test_partition_rules_split_experts_over_expert_and_widths_over_data():
+  """The full model's parameters on a data=2 x expert=4 mesh, from shapes alone: every
+  expert matrix over both axes (its experts and its width), the rest FSDP over data, the
+  norm scales replicated; the scanned stack's layer axis left whole (no stage axis)."""
+  from jax.sharding import PartitionSpec as P
+
+  from mlbench.train import mesh as mesh_lib, sharding
+
+  cfg = config.full()
+  params = jax.eval_shape(lambda k: train.init(cfg, k)[0], jax.random.key(0))
+  mesh = mesh_lib.make_mesh({"data": 2, "expert": 4})
+  shardings = sharding.tree_shardings(params, train.partition_rules(cfg), mesh,
+                                      stack=train.layer_stack(cfg).path)
+  layer = shardings["layers"]["layer"]["layer_0"]
+  assert layer["moe"]["wi_gate"].spec == layer["moe"]["wi_up"].spec == P(None, "expert", "data")
+  assert layer["moe"]["wo"].spec == P(None, "expert", None, "data")
+  assert layer["moe"]["router"].spec == P(None, "data")
+  assert layer["attention"]["query"]["kernel"].spec == P(None, "data")
+  assert layer["attention"]["output"]["kernel"].spec == P(None, None, None, "data")
+  assert layer["attention"]["query_norm"]["scale"].spec == P()
+  assert shardings["embedding"]["embedding"].spec == P(None, "data")
+  assert shardings["output"]["kernel"].spec == P("data")
+  experts = sum(math.prod(x.shape) for k, x in params["layers"]["layer"]["layer_1"]["moe"].items()
+                if k != "router")
+  held = sharding.bytes_per_device({"e": params["layers"]["layer"]["layer_1"]["moe"]},
+                                   {"e": shardings["layers"]["layer"]["layer_1"]["moe"]})
+  assert held <= 4 * experts / 8 * 1.001  # the experts split 8 ways
