@@ -31,6 +31,7 @@ hidden width, K the k choices per token, A = N k assignments, R receive buffer r
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -54,13 +55,16 @@ def _inverse(order_A: jax.Array) -> jax.Array:
                                                             dtype=order_A.dtype))
 
 
-def swiglu_experts(x_RM: jax.Array, sizes_E: jax.Array, wi_gate_EMF: jax.Array,
-                   wi_up_EMF: jax.Array, wo_EFM: jax.Array, *, kernel: Grouped,
-                   platform: str) -> jax.Array:
-  """Each expert's SwiGLU feed-forward over its run of rows (rows sorted by expert,
-  `sizes_E` rows each; rows past the runs unspecified)."""
+def experts(x_RM: jax.Array, sizes_E: jax.Array, wi_gate_EMF: jax.Array | None,
+            wi_up_EMF: jax.Array, wo_EFM: jax.Array, *, kernel: Grouped, platform: str,
+            activation: Callable[[jax.Array], jax.Array] = jax.nn.silu) -> jax.Array:
+  """Each expert's feed-forward over its run of rows (rows sorted by expert, `sizes_E`
+  rows each; rows past the runs unspecified): gated, activation(x wi_gate) * (x wi_up) wo
+  (SwiGLU with silu), or without `wi_gate_EMF` activation(x wi_up) wo."""
   mm = functools.partial(grouped_matmul, sizes_G=sizes_E, kernel=kernel, platform=platform)
-  h_RF = jax.nn.silu(mm(x_RM, wi_gate_EMF)) * mm(x_RM, wi_up_EMF)
+  h_RF = activation(mm(x_RM, wi_gate_EMF if wi_gate_EMF is not None else wi_up_EMF))
+  if wi_gate_EMF is not None:
+    h_RF = h_RF * mm(x_RM, wi_up_EMF)
   return mm(h_RF, wo_EFM)
 
 
@@ -72,8 +76,9 @@ def combine(y_AM: jax.Array, gates_NK: jax.Array, dtype: Any) -> jax.Array:
   return jnp.einsum("nkm,nk->nm", y_NKM, gates_NK).astype(dtype)
 
 
-def _local(x_NM: jax.Array, router_ME: jax.Array, weights: tuple[jax.Array, ...], *, k: int,
-           kernel: Grouped, platform: str, axis: str | None, devices: int) -> jax.Array:
+def _local(x_NM: jax.Array, router_ME: jax.Array, weights: tuple[jax.Array | None, ...], *,
+           k: int, kernel: Grouped, platform: str, axis: str | None, devices: int,
+           activation: Callable[[jax.Array], jax.Array]) -> jax.Array:
   """The layer on one device's tokens; with `axis` (`devices` > 1), its experts are the
   local shard of `weights` and the rows travel to their experts' devices and back."""
   experts_NK, gates_NK = route(x_NM.astype(jnp.float32) @ router_ME.astype(jnp.float32), k)
@@ -81,9 +86,10 @@ def _local(x_NM: jax.Array, router_ME: jax.Array, weights: tuple[jax.Array, ...]
   order_A = jnp.argsort(experts_A, stable=True)  # sorted position -> assignment
   expert_A = experts_A[order_A]
   x_AM = x_NM[order_A // k]
-  here = weights[0].shape[0]                      # experts on this device
-  run = functools.partial(swiglu_experts, wi_gate_EMF=weights[0], wi_up_EMF=weights[1],
-                          wo_EFM=weights[2], kernel=kernel, platform=platform)
+  here = weights[1].shape[0]                      # experts on this device
+  run = functools.partial(experts, wi_gate_EMF=weights[0], wi_up_EMF=weights[1],
+                          wo_EFM=weights[2], kernel=kernel, platform=platform,
+                          activation=activation)
   if axis is None:
     sizes_E = jnp.zeros((here,), jnp.int32).at[expert_A].add(1)
     y_AM = run(x_AM, sizes_E)
@@ -101,36 +107,42 @@ def _local(x_NM: jax.Array, router_ME: jax.Array, weights: tuple[jax.Array, ...]
   return combine(y_AM[_inverse(order_A)], gates_NK, x_NM.dtype)
 
 
-def dropless_ffn(x_BTM: jax.Array, router_ME: jax.Array, wi_gate_EMF: jax.Array,
+def dropless_ffn(x_BTM: jax.Array, router_ME: jax.Array, wi_gate_EMF: jax.Array | None,
                  wi_up_EMF: jax.Array, wo_EFM: jax.Array, *, k: int, mesh: Any = None,
-                 grouped: Grouped = Grouped.AUTO) -> jax.Array:
+                 grouped: Grouped = Grouped.AUTO,
+                 activation: Callable[[jax.Array], jax.Array] = jax.nn.silu) -> jax.Array:
   """The dropless MoE feed-forward of `x_BTM` (module docstring), in x's dtype.
 
   Args:
     x_BTM: the tokens.
     router_ME: the router (float32).
-    wi_gate_EMF, wi_up_EMF, wo_EFM: every expert's SwiGLU weights (cast to x's dtype).
+    wi_gate_EMF, wi_up_EMF, wo_EFM: every expert's weights (cast to x's dtype); without
+      `wi_gate_EMF` (None) the experts are ungated (`experts`).
     k: experts per token.
     mesh: the step's mesh: expert parallel over its `expert` axis where it has one of
       more than one device; None: one program.
     grouped: which kernel computes the grouped matmuls (`grouped_matmul`).
+    activation: the experts' (silu: SwiGLU with a gate).
   """
   from mlbench.train.attention import platform_of
 
   platform = platform_of(mesh)
   kernel = resolve(grouped, platform)
-  weights = (wi_gate_EMF, wi_up_EMF, wo_EFM)
+  # In x's dtype before the per-device program: FSDP gathers them in it (half float32's).
+  weights = tuple(None if w is None else w.astype(x_BTM.dtype)
+                  for w in (wi_gate_EMF, wi_up_EMF, wo_EFM))
   b, t, m = x_BTM.shape
   if expert_mesh.one_program(mesh):
     y = _local(x_BTM.reshape(b * t, m), router_ME, weights, k=k, kernel=kernel,
-               platform=platform, axis=None, devices=1)
+               platform=platform, axis=None, devices=1, activation=activation)
     return y.reshape(b, t, m)
   axes, shards = expert_mesh.check_split(mesh, experts=router_ME.shape[-1], rows=b)
 
   def body(x, r, wg, wu, wo):
     bl = x.shape[0]
     y = _local(x.reshape(bl * t, m), r, (wg, wu, wo), k=k, kernel=kernel, platform=platform,
-               axis=expert_mesh.EXPERT if shards > 1 else None, devices=shards)
+               axis=expert_mesh.EXPERT if shards > 1 else None, devices=shards,
+               activation=activation)
     return y.reshape(bl, t, m)
 
   kinds = (expert_mesh.TOKENS, expert_mesh.WHOLE) + (expert_mesh.EXPERTS,) * 3

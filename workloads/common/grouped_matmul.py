@@ -31,9 +31,10 @@ Shape suffixes: R rows, K contracted width, N output width, G groups.
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
-import jax
-import jax.numpy as jnp
+if TYPE_CHECKING:  # jax is imported where it runs: configs import `Grouped` light
+  import jax
 
 
 class Grouped(enum.Enum):
@@ -49,7 +50,7 @@ ROW_TILES = (512, 256, 128)
 """gmm's row tiles, largest first: rows are padded to a multiple of the smallest."""
 WIDTH_TILE = 1024
 CHUNK = 128
-"""`chunked`'s rows a chunk (fewer where the groups average fewer)."""
+"""`chunked`'s rows a chunk, at most (fewer where a quarter of an even group is fewer)."""
 """gmm's tile of the contracted and output widths (MaxText's default for megablox)."""
 
 
@@ -64,6 +65,9 @@ def grouped_matmul(x_RK: jax.Array, w_GKN: jax.Array, sizes_G: jax.Array, *,
                    kernel: Grouped, platform: str) -> jax.Array:
   """[R, N] in x's dtype: each group of rows times its group's matrix (module docstring);
   `kernel` is a concrete choice (`resolve`), `platform` the one compiled for."""
+  import jax
+  import jax.numpy as jnp
+
   w_GKN = w_GKN.astype(x_RK.dtype)
   sizes_G = sizes_G.astype(jnp.int32)
   if kernel is Grouped.RAGGED_DOT:
@@ -75,6 +79,7 @@ def grouped_matmul(x_RK: jax.Array, w_GKN: jax.Array, sizes_G: jax.Array, *,
 
 def _gmm(x_RK: jax.Array, w_GKN: jax.Array, sizes_G: jax.Array, *,
          interpret: bool) -> jax.Array:
+  import jax.numpy as jnp
   from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
 
   rows, k = x_RK.shape
@@ -92,8 +97,12 @@ def chunked(x_RK: jax.Array, w_GKN: jax.Array, sizes_G: jax.Array,
             tile: int | None = None) -> jax.Array:
   """The grouped matmul as a loop over chunks of `tile` rows of each group (module
   docstring); rows past the groups come out as zeros."""
+  import jax
+  import jax.numpy as jnp
+
   rows, groups = x_RK.shape[0], w_GKN.shape[0]
-  tile = tile or max(8, min(CHUNK, _round_up(-(-rows // groups), 8)))
+  # A quarter of an even group: at most R / 4 rows of padding work, in chunks of at most CHUNK.
+  tile = tile or max(8, min(CHUNK, _round_up(-(-rows // (4 * groups)), 8)))
   count = -(-rows // tile) + groups           # chunks, at most
   ends_G = jnp.cumsum(sizes_G)
   starts_G = ends_G - sizes_G
