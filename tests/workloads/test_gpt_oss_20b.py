@@ -98,6 +98,10 @@ def test_attention_is_qk_normed_rotary_grouped_query_attention_in_its_window():
           out[b, i, n] = (w / w.sum()) @ val[b, first:i + 1, g]
     want = np.einsum("blnd,ndh->blh", out, p["output"]["kernel"])
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
+    # XLA's query blocks (model.attention_chunk) compute the same.
+    blocked = model.Attention(dataclasses.replace(cfg, attention_chunk=3), sliding)
+    np.testing.assert_allclose(jax.jit(blocked.apply)({"params": params}, x, cos, sin), got,
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_a_sliding_layer_never_sees_past_its_window(tiny):

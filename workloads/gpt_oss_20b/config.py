@@ -66,6 +66,12 @@ class ModelConfig:
   # kernel the platform has where it can serve the shape (cuDNN on GPUs, Pallas on TPUs).
   attention: AttentionImpl = AttentionImpl.AUTO
   remat: Remat = Remat.FULL
+  # Where attention runs on XLA (CPUs; `attention=xla`): 0, one attention per layer, all
+  # L x L scores at once (masked to the window in sliding layers); N > 0, queries in blocks
+  # of N, each attending under its own rematerialisation to the keys up to its end (in a
+  # sliding layer only from the window's start), one block's scores at a time. The fused
+  # kernels never hold the scores and ignore it.
+  attention_chunk: int = 0
   scan_layers: bool = False
 
   def __post_init__(self):
@@ -76,7 +82,7 @@ class ModelConfig:
             "rotate pairs of channels, so set an even head_dim")
     require(1 <= self.top_k <= self.num_experts, "top_k",
             f"{self.top_k} is not between 1 and num_experts ({self.num_experts})", "num_experts")
-    at_least(self, 0, "window")
+    at_least(self, 0, "window", "attention_chunk")
     positive(self, "rope_theta", "norm_epsilon", "init_std")
     require(not self.scan_layers or self.num_layers % self.window_skip_freq == 0, "scan_layers",
             f"needs num_layers ({self.num_layers}) to be a multiple of window_skip_freq "
@@ -129,6 +135,10 @@ class GptOssConfig(WorkloadConfig[ModelConfig, DataConfig, AdamWCosine]):
     require(self.data.eod_token < self.model.vocab_size, "data.eod_token",
             f"{self.data.eod_token} is not an id of the {self.model.vocab_size}-token vocabulary",
             "model.vocab_size")
+    chunk, length = self.model.attention_chunk, self.data.seq_length
+    require(chunk == 0 or chunk >= length or length % chunk == 0, "model.attention_chunk",
+            f"{chunk} does not divide data.seq_length ({length}); set 0 (one attention call) "
+            f"or a divisor of {length}")
 
 
 def full() -> GptOssConfig:

@@ -74,7 +74,7 @@ class Attention(nn.Module):
     out_BLND = attention.attend(
         q_BLND, k_BLKD, v_BLKD, name="sliding self-attention" if self.sliding else
         "causal self-attention", implementation=c.attention, mesh=self.mesh, causal=True,
-        **window)
+        chunk=c.attention_chunk, **window)
     return nn.DenseGeneral(x_BLH.shape[-1], axis=(-2, -1), use_bias=False, dtype=_dtype(c),
                            kernel_init=nn.initializers.normal(residual_std(c)),
                            name="output")(out_BLND)
