@@ -87,6 +87,8 @@ transformer_data_dir = _mini_data_fixture("transformer_data_dir", "transformer",
                                           "CLDR pairs and their BPE vocabulary")
 moe_data_dir = _mini_data_fixture("moe_data_dir", "moe", "pydoc sequences")
 llama_data_dir = _mini_data_fixture("llama_data_dir", "llama31_8b", "Megatron .bin/.idx")
+gpt_oss_data_dir = _mini_data_fixture("gpt_oss_data_dir", "gpt_oss_20b",
+                                      "Megatron .bin/.idx, llama31_8b's corpus")
 
 
 MLBENCH = (sys.executable, "-c", "import sys; from mlbench.cli import main; sys.exit(main())")

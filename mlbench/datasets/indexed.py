@@ -1,5 +1,6 @@
 """Megatron indexed datasets (`.bin` + `.idx`): the format `mlbench data prepare c4` writes
-and the language models read (llama31_8b's samples, `workloads/llama31_8b/samples.py`),
+and the language models read (llama31_8b's and gpt_oss_20b's samples,
+`workloads/common/gpt_samples.py`),
 read with numpy memmaps; a plugin helper, like `records` for TFRecords.
 
 The format (megatron/core/datasets/indexed_dataset.py, "MMIDIDX"): the `.bin` file is

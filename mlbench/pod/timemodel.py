@@ -64,7 +64,7 @@ from typing import Any
 # decodes larger COCO images (about twice the pixels) plus box handling; the text
 # workloads parse pre-tokenised records (tens of microseconds).
 INPUT_CPU_S = {"resnet50": 2.7e-3, "ssd": 5.0e-3, "bert": 5e-5, "transformer": 5e-5,
-               "moe": 5e-5, "llama31_8b": 2e-4}
+               "moe": 5e-5, "llama31_8b": 2e-4, "gpt_oss_20b": 2e-4}
 
 
 # The p of the soft roofline (c^p + m^p)^(1/p), chosen on leave-one-out alone

@@ -11,7 +11,8 @@ import pytest
 from mlbench import registry
 from mlbench.cli import info, main
 
-BUILT_IN = ("bert", "efficientnet", "llama31_8b", "moe", "resnet50", "ssd", "transformer", "vit")
+BUILT_IN = ("bert", "efficientnet", "gpt_oss_20b", "llama31_8b", "moe", "resnet50", "ssd",
+            "transformer", "vit")
 
 
 @pytest.mark.parametrize("name", BUILT_IN)

@@ -29,6 +29,8 @@ CASES = {
     "segments": (256, 256, 4, 4, 32, dict(q_segments_BL=SEGMENTS, kv_segments_BS=SEGMENTS)),
     "cross-attention, padded keys": (128, 256, 4, 2, 32, dict(kv_segments_BS=SEGMENTS > 0)),
     "bias, padding": (256, 256, 4, 2, 32, dict(bias="bias", kv_lengths_B=LENGTHS)),
+    # gpt-oss's sliding window (128 there): query i sees keys i - 40 .. i.
+    "sliding window, grouped-query": (256, 256, 4, 2, 32, dict(causal=True, window=40)),
 }
 
 
@@ -38,7 +40,7 @@ def _inputs(case: str, copies: int = 1) -> tuple[list[np.ndarray], dict[str, np.
   rng = np.random.default_rng(len(case))
   qkv = [np.concatenate([rng.standard_normal((2, n, h, d))] * copies)
          for n, h in ((length, heads), (kv_len, kv_heads), (kv_len, kv_heads))]
-  masks = {k: m if isinstance(m, bool) else np.concatenate([m] * copies)
+  masks = {k: m if isinstance(m, (bool, int)) else np.concatenate([m] * copies)
            for k, m in masks.items() if k != "bias"}
   if "bias" in CASES[case][-1]:
     masks["bias"] = rng.standard_normal((1, heads, length, kv_len)).astype(np.float32)
@@ -51,6 +53,8 @@ def _allowed(q: np.ndarray, k: np.ndarray, masks: dict) -> tuple[np.ndarray, np.
   allowed, real = np.ones((b, length, kv_len), bool), np.ones((b, length), bool)
   if masks.get("causal"):
     allowed &= np.tril(np.ones((length, kv_len), bool))[None]
+  if masks.get("window"):  # written out, not xla.window_mask: keys i - window .. i
+    allowed &= (np.arange(kv_len)[None] >= np.arange(length)[:, None] - masks["window"])[None]
   if "kv_lengths_B" in masks:
     allowed &= (np.arange(kv_len)[None] < masks["kv_lengths_B"][:, None])[:, None]
     real &= np.arange(length)[None] < masks["kv_lengths_B"][:, None]
@@ -83,7 +87,7 @@ def _weighted(out: jax.Array, real: np.ndarray) -> jax.Array:
 def _value_and_grads(impl: Impl, qkv, masks: dict, real: np.ndarray, dtype, mesh=None):
   def loss(q, k, v):
     out = attention.attend(q, k, v, implementation=impl, mesh=mesh,
-                           **{key: m if isinstance(m, bool) else jnp.asarray(m)
+                           **{key: m if isinstance(m, (bool, int)) else jnp.asarray(m)
                               for key, m in masks.items()})
     return _weighted(out, real), out
 
@@ -278,3 +282,42 @@ def test_bot50_on_a_gpu_trains_its_attention_on_xla_and_says_why():
       "cudnn cannot serve it: jax's cuDNN check refuses it in training: Unsupported sequence "
       "length Q 49, KV 49."))
   assert on_gpu["eval step"].implementation is Impl.CUDNN
+
+
+@pytest.mark.parametrize("impl", [Impl.XLA, Impl.PALLAS])
+def test_the_sliding_window_never_looks_further_back_than_the_window(impl):
+  """Query 200 with a window of 40 sees keys 160 .. 200: a key and value changed at 159
+  change nothing there, changed at 160 they do."""
+  (q, k, v), _ = _inputs("sliding window, grouped-query")
+  run = jax.jit(lambda q, k, v: attention.attend(q, k, v, implementation=impl, causal=True,
+                                                 window=40))
+  before = np.asarray(run(q, k, v))
+  for at, changes in ((159, False), (160, True)):
+    k2, v2 = k.copy(), v.copy()
+    k2[:, at], v2[:, at] = 5.0, -5.0
+    after = np.asarray(run(q, k2, v2))
+    assert np.allclose(after[:, 200], before[:, 200], atol=1e-6) != changes, at
+    np.testing.assert_array_equal(after[:, :at], before[:, :at])  # causal: none before it
+
+
+def test_xlas_chunked_sliding_window_computes_the_reference():
+  (q, k, v), masks = _inputs("sliding window, grouped-query")
+  run = jax.jit(lambda q, k, v, chunk: attention.attend(q, k, v, implementation=Impl.XLA,
+                                                        chunk=chunk, **masks),
+                static_argnums=3)
+  want = run(q, k, v, 0)
+  for chunk in (32, 64):  # blocks smaller and larger than the window
+    np.testing.assert_allclose(np.asarray(run(q, k, v, chunk)), np.asarray(want), atol=2e-6,
+                               rtol=2e-6)
+
+
+def test_the_window_is_in_the_record_and_refused_where_it_cannot_run():
+  site = _site(causal=True, window=128)
+  assert site.describe().endswith("bfloat16, causal, sliding window 128")
+  tpu = attention.choose(Impl.AUTO, "tpu", site)
+  assert tpu.implementation is Impl.PALLAS and "local mask" in tpu.reason
+  assert "sliding window" in attention.choose(Impl.AUTO, "gpu", site).reason
+  with_bias = attention.choose(Impl.AUTO, "tpu", _site(causal=True, window=128, bias=True))
+  assert with_bias.implementation is Impl.XLA and "has no window" in with_bias.reason
+  with pytest.raises(ValueError, match="causal=True"):
+    attention.attend(*(jnp.zeros((1, 128, 2, 8)),) * 3, window=16)

@@ -57,7 +57,8 @@ def test_derived_rules_are_reused(tmp_path):
   assert compliance.checker_config(rules.load("resnet", "4.0.0"), tmp_path) is None
 
 
-MINIS = ("resnet50", "efficientnet", "vit", "bert", "ssd", "transformer", "llama31_8b", "moe")
+MINIS = ("resnet50", "efficientnet", "vit", "bert", "ssd", "transformer", "llama31_8b", "moe",
+         "gpt_oss_20b")
 
 
 def _perfect_log(path, workload: str, *, ruleset: str = "mini"):

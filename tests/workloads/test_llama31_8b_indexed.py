@@ -68,7 +68,7 @@ def test_reader_reads_files_written_by_hand(tmp_path):
 
 def test_evaluation_samples_are_the_documents_in_order_with_one_token_overlap(tmp_path):
   from mlbench.datasets import indexed
-  from workloads.llama31_8b import samples as gpt
+  from workloads.common import gpt_samples as gpt
 
   _write_by_hand(tmp_path / "docs", DOCS)
   ds = indexed.IndexedDataset(tmp_path / "docs")
@@ -87,7 +87,7 @@ def test_evaluation_samples_are_the_documents_in_order_with_one_token_overlap(tm
 
 def test_training_samples_follow_megatrons_shuffles(tmp_path):
   from mlbench.datasets import indexed
-  from workloads.llama31_8b import samples as gpt
+  from workloads.common import gpt_samples as gpt
 
   _write_by_hand(tmp_path / "docs", DOCS)
   ds = indexed.IndexedDataset(tmp_path / "docs")

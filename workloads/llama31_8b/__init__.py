@@ -12,6 +12,6 @@ from mlbench.convention import from_package
 
 WORKLOAD = from_package(
     __name__, benchmark="llama31_8b", quality_metric="log_perplexity",
-    elsewhere={"prepare": "pydoc_corpus"}, also=("examples", "layer_stack", "verify"),
+    also=("examples", "layer_stack", "prepare", "verify"),
     without=("decode",),  # Megatron .bin/.idx files, read as `examples`
 )

@@ -95,7 +95,7 @@ class ModelConfig:
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
   """Samples of seq_length + 1 tokens over concatenated documents, built from Megatron
-  indexed datasets as Megatron's GPTDataset builds them (see `samples.py`).
+  indexed datasets as Megatron's GPTDataset builds them (`workloads/common/gpt_samples.py`).
 
   Attributes:
     train_prefix: file prefix (without `.bin`/`.idx`) of the training dataset,

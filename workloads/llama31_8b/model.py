@@ -4,10 +4,9 @@ Pre-RMSNorm blocks: x + attention(norm(x)), then x + swiglu(norm(x)). Attention 
 grouped-query (N query heads share K key/value heads, N/K each) with rotary position
 embeddings on queries and keys, Llama 3.1's frequency scaling, and runs through the
 harness's attention entry point (`mlbench.train.attention`), so GPUs get cuDNN's fused
-flash attention and TPUs the Pallas splash kernel. Input embedding and output projection are separate matrices (untied); no
-projection has a bias. Rotary embeddings rotate the two halves of each head
-(Megatron and NeMo's non-interleaved layout; Meta's interleaved pairs are the same
-up to a fixed permutation of the query and key columns).
+flash attention and TPUs the Pallas splash kernel. Input embedding and output projection
+are separate matrices (untied); no projection has a bias. Rotary embeddings rotate the two
+halves of each head (`workloads/common/decoder.py`, Megatron and NeMo's layout).
 
 Initialisation follows Megatron (NeMo's Llama recipe): N(0, init_std) everywhere,
 N(0, init_std / sqrt(2 * layers)) for the two projections that write into the
@@ -29,12 +28,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from mlbench.train import attention, layers
+from workloads.common import decoder
+from workloads.common.decoder import apply_rope
 from workloads.llama31_8b.config import ModelConfig, Remat, RopeConfig
 
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int) -> np.ndarray:
   """[D/2] rotation frequencies (radians per position), with Llama 3.1's scaling."""
-  freq = 1.0 / rope.theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+  freq = decoder.inverse_frequencies(rope.theta, head_dim)
   if not rope.scaled:
     return freq
   wavelength = 2 * math.pi / freq
@@ -49,18 +50,7 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int) -> np.ndarray:
 
 def rope_tables(rope: RopeConfig, head_dim: int, length: int) -> tuple[np.ndarray, np.ndarray]:
   """(cos_LD, sin_LD), float32, D/2 wide: the angle of position l in pair i is l * freq_i."""
-  angle = np.arange(length, dtype=np.float64)[:, None] * inverse_frequencies(rope, head_dim)[None]
-  return np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
-
-
-def apply_rope(x_BLND: jax.Array, cos_LD: jax.Array, sin_LD: jax.Array) -> jax.Array:
-  """Rotates channel pairs (i, i + D/2) of every head by their position's angle."""
-  x = x_BLND.astype(jnp.float32)
-  half = x.shape[-1] // 2
-  x1, x2 = x[..., :half], x[..., half:]
-  cos, sin = cos_LD[None, :, None, :], sin_LD[None, :, None, :]
-  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return out.astype(x_BLND.dtype)
+  return decoder.rope_tables(inverse_frequencies(rope, head_dim), length)
 
 
 def _dtype(cfg: ModelConfig) -> Any:
@@ -123,11 +113,6 @@ class Block(nn.Module):
     return x_BLH + SwiGlu(c, name="mlp")(norm(name="mlp_norm")(x_BLH))
 
 
-_POLICIES = {Remat.NONE: None,
-             Remat.DOTS: jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-             Remat.FULL: jax.checkpoint_policies.nothing_saveable}
-
-
 class Llama(nn.Module):
   """`tokens_BL -> logits_BLV` (float32). With a mesh, the residual stream is kept split
   over `data` by batch, so parameters split over `data` (FSDP) are gathered, not the
@@ -147,22 +132,13 @@ class Llama(nn.Module):
     if c.scan_layers:
       x_BLH = layers.stack(functools.partial(Block, c, self.mesh), x_BLH, length=c.num_layers,
                            shared=(cos_LD, sin_LD), mesh=self.mesh,
-                           microbatches=self.microbatches, remat_policy=_POLICIES[c.remat])
+                           microbatches=self.microbatches, remat_policy=decoder.remat_policy(c.remat))
     else:
-      block = Block if c.remat is Remat.NONE else nn.remat(Block, policy=_POLICIES[c.remat])
+      block = Block if c.remat is Remat.NONE else nn.remat(Block, policy=decoder.remat_policy(c.remat))
       for i in range(c.num_layers):
-        x_BLH = block(c, self.mesh, name=f"layer_{i}")(_by_batch(self.mesh, x_BLH), cos_LD,
+        x_BLH = block(c, self.mesh, name=f"layer_{i}")(decoder.by_batch(self.mesh, x_BLH), cos_LD,
                                                        sin_LD)
     x_BLH = nn.RMSNorm(epsilon=c.norm_epsilon, dtype=_dtype(c), name="final_norm")(x_BLH)
     logits_BLV = nn.Dense(c.vocab_size, use_bias=False, dtype=_dtype(c),
                           kernel_init=nn.initializers.normal(c.init_std), name="output")(x_BLH)
     return logits_BLV.astype(jnp.float32)
-
-
-def _by_batch(mesh: Any, x_BLH: jax.Array) -> jax.Array:
-  """Keeps the residual stream split over `data` by batch."""
-  if mesh is None or int(mesh.shape.get("data", 1)) == 1:
-    return x_BLH
-  from jax.sharding import NamedSharding, PartitionSpec as P
-
-  return jax.lax.with_sharding_constraint(x_BLH, NamedSharding(mesh, P("data")))

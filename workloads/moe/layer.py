@@ -39,11 +39,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from mlbench.errors import UserError
+from workloads.common import expert_mesh
 
-EXPERT = "expert"
-TOKEN_AXES = ("data", "expert")
-"""Mesh axes the groups are split over: all of GShard's devices hold tokens."""
+EXPERT, TOKEN_AXES = expert_mesh.EXPERT, expert_mesh.TOKEN_AXES
+token_axes, expert_shards = expert_mesh.token_axes, expert_mesh.expert_shards
 
 
 def capacity(tokens: int, experts: int, k: int, factor: float) -> int:
@@ -80,33 +79,18 @@ SECOND_EXPERT_THRESHOLD = 0.5
 def route(logits_GSE: jax.Array, *, k: int, capacity_per_group: int,
           uniform_GS: jax.Array | None = None) -> Routing:
   """GShard top-2 (k=2) or Switch top-1 (k=1) routing of `logits_GSE`; with
-  `uniform_GS` (uniform numbers in [0, 1), one per token), the second expert at random."""
-  if k not in (1, 2):
-    raise ValueError(f"top_k must be 1 or 2, got {k}")
+  `uniform_GS` (uniform numbers in [0, 1), one per token), the second expert at random.
+  k > 2 extends GShard's order (`_choices`): every j-th choice is served before any
+  (j+1)-th."""
+  if k < 1 or k > logits_GSE.shape[-1]:
+    raise ValueError(f"top_k must be between 1 and the {logits_GSE.shape[-1]} experts, got {k}")
   logits_GSE = logits_GSE.astype(jnp.float32)
-  e = logits_GSE.shape[-1]
-  c = capacity_per_group
+  e, c = logits_GSE.shape[-1], capacity_per_group
   gates_GSE = jax.nn.softmax(logits_GSE, axis=-1)
-  mask1_GSE = jax.nn.one_hot(jnp.argmax(logits_GSE, axis=-1), e, dtype=jnp.float32)
-  gate1_GS = jnp.sum(gates_GSE * mask1_GSE, axis=-1)
+  choices = _choices(logits_GSE, gates_GSE, k, uniform_GS)
   # Load balancing counts first choices only (GShard eq. 4; Switch for k=1).
-  aux_loss = jnp.mean(jnp.mean(mask1_GSE, axis=1) * jnp.mean(gates_GSE, axis=1)) * e * e
+  aux_loss = jnp.mean(jnp.mean(choices[0][0], axis=1) * jnp.mean(gates_GSE, axis=1)) * e * e
   z_loss = jnp.mean(jnp.square(jax.nn.logsumexp(logits_GSE, axis=-1)))
-  choices = [(mask1_GSE, gate1_GS)]
-  if k == 2:
-    # Argmax of the logits with the first choice at -inf: the same order as the
-    # gates, without ties between gates that underflow to 0.
-    masked_GSE = jnp.where(mask1_GSE > 0, -jnp.inf, logits_GSE)
-    mask2_GSE = jax.nn.one_hot(jnp.argmax(masked_GSE, axis=-1), e, dtype=jnp.float32)
-    gate2_GS = jnp.sum(gates_GSE * mask2_GSE, axis=-1)
-    denom_GS = jnp.maximum(gate1_GS + gate2_GS, jnp.finfo(jnp.float32).eps)
-    # Renormalised before dropping: a token that loses its second expert keeps
-    # only its first expert's share (GShard).
-    gate2_GS = gate2_GS / denom_GS
-    if uniform_GS is not None:  # lingvo gshard_layers.py L2286-2290
-      sampled_GS = (uniform_GS < gate2_GS / SECOND_EXPERT_THRESHOLD).astype(jnp.float32)
-      mask2_GSE, gate2_GS = mask2_GSE * sampled_GS[..., None], gate2_GS * sampled_GS
-    choices = [(mask1_GSE, gate1_GS / denom_GS), (mask2_GSE, gate2_GS)]
   load_E = sum(jnp.sum(m, axis=(0, 1)) for m, _ in choices)
 
   combine_GSEC = jnp.zeros(logits_GSE.shape + (c,), jnp.float32)
@@ -133,10 +117,37 @@ def route(logits_GSE: jax.Array, *, k: int, capacity_per_group: int,
   return Routing(combine_GSEC, dispatch_GSEC, aux_loss, z_loss, counts)
 
 
+def _choices(logits_GSE: jax.Array, gates_GSE: jax.Array, k: int,
+             uniform_GS: jax.Array | None) -> list[tuple[jax.Array, jax.Array]]:
+  """[(one-hot expert [G, S, E], gate [G, S])] of each token's k choices, in order: the
+  j-th is the argmax of the logits with the earlier ones masked; for k > 1 the k gates are
+  renormalised to sum to 1 (a softmax over the k chosen logits) before any token is
+  dropped, so a token that loses an expert keeps only the others' shares (GShard)."""
+  e = logits_GSE.shape[-1]
+  masks = [jax.nn.one_hot(jnp.argmax(logits_GSE, axis=-1), e, dtype=jnp.float32)]
+  for _ in range(k - 1):
+    # The earlier choices at -inf: the same order as the gates, without ties between
+    # gates that underflow to 0.
+    masked_GSE = jnp.where(sum(masks) > 0, -jnp.inf, logits_GSE)
+    masks.append(jax.nn.one_hot(jnp.argmax(masked_GSE, axis=-1), e, dtype=jnp.float32))
+  chosen = [jnp.sum(gates_GSE * m, axis=-1) for m in masks]
+  if k > 1:
+    denom_GS = jnp.maximum(sum(chosen), jnp.finfo(jnp.float32).eps)
+    chosen = [g / denom_GS for g in chosen]
+  if k == 2 and uniform_GS is not None:  # lingvo gshard_layers.py L2286-2290
+    sampled_GS = (uniform_GS < chosen[1] / SECOND_EXPERT_THRESHOLD).astype(jnp.float32)
+    masks[1], chosen[1] = masks[1] * sampled_GS[..., None], chosen[1] * sampled_GS
+  return list(zip(masks, chosen))
+
+
 def experts(x_EGCM: jax.Array, wi_EMF: jax.Array, wo_EFM: jax.Array,
-            activation: Callable[[jax.Array], jax.Array] = jax.nn.relu) -> jax.Array:
-  """Each expert's two-layer feed-forward over its slots (no biases, as GShard)."""
-  h_EGCF = activation(jnp.einsum("egcm,emf->egcf", x_EGCM, wi_EMF.astype(x_EGCM.dtype)))
+            activation: Callable[[jax.Array], jax.Array] = jax.nn.relu,
+            wi_gate_EMF: jax.Array | None = None) -> jax.Array:
+  """Each expert's two-layer feed-forward over its slots (no biases, as GShard); with
+  `wi_gate_EMF`, a gated one: activation(x wi_gate) * (x wi) (SwiGLU with silu)."""
+  up = lambda w: jnp.einsum("egcm,emf->egcf", x_EGCM, w.astype(x_EGCM.dtype))  # noqa: E731
+  h_EGCF = (activation(up(wi_EMF)) if wi_gate_EMF is None
+            else activation(up(wi_gate_EMF)) * up(wi_EMF))
   return jnp.einsum("egcf,efm->egcm", h_EGCF, wo_EFM.astype(x_EGCM.dtype))
 
 
@@ -151,9 +162,9 @@ def summarize(aux_loss: jax.Array, z_loss: jax.Array, counts: dict[str, jax.Arra
 
 
 def _local(x_GSM: jax.Array, router_ME: jax.Array, wi_EMF: jax.Array, wo_EFM: jax.Array,
-           uniform_GS: jax.Array | None, *, k: int, capacity_factor: float, activation: Callable,
-           expert_axis: str | None, reduce_axes: tuple[str, ...]
-           ) -> tuple[jax.Array, dict[str, jax.Array]]:
+           uniform_GS: jax.Array | None, wi_gate_EMF: jax.Array | None, *, k: int,
+           capacity_factor: float, activation: Callable, expert_axis: str | None,
+           reduce_axes: tuple[str, ...]) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The MoE layer on one device's groups; with `expert_axis`, its experts are a shard."""
   e = router_ME.shape[-1]
   logits_GSE = jnp.einsum("gsm,me->gse", x_GSM.astype(jnp.float32), router_ME)
@@ -162,7 +173,7 @@ def _local(x_GSM: jax.Array, router_ME: jax.Array, wi_EMF: jax.Array, wo_EFM: ja
   x_EGCM = jnp.einsum("gsec,gsm->egcm", routing.dispatch_GSEC.astype(x_GSM.dtype), x_GSM)
   if expert_axis is not None:  # [E, G, ...] -> this device's experts: [E/n, n*G, ...]
     x_EGCM = jax.lax.all_to_all(x_EGCM, expert_axis, split_axis=0, concat_axis=1, tiled=True)
-  y_EGCM = experts(x_EGCM, wi_EMF, wo_EFM, activation)
+  y_EGCM = experts(x_EGCM, wi_EMF, wo_EFM, activation, wi_gate_EMF)
   if expert_axis is not None:  # and back to the devices that hold the tokens
     y_EGCM = jax.lax.all_to_all(y_EGCM, expert_axis, split_axis=1, concat_axis=0, tiled=True)
   y_GSM = jnp.einsum("gsec,egcm->gsm", routing.combine_GSEC.astype(y_EGCM.dtype), y_EGCM)
@@ -173,20 +184,11 @@ def _local(x_GSM: jax.Array, router_ME: jax.Array, wi_EMF: jax.Array, wo_EFM: ja
   return y_GSM, summarize(aux, z, counts)
 
 
-def token_axes(mesh: Any) -> tuple[str, ...]:
-  """The mesh axes the tokens (groups) are split over."""
-  return tuple(a for a in TOKEN_AXES if a in mesh.shape)
-
-
-def expert_shards(mesh: Any | None) -> int:
-  """Devices the experts are split over (the `expert` axis; 1 without one)."""
-  return int(mesh.shape.get(EXPERT, 1)) if mesh is not None else 1
-
-
 def moe_ffn(x_GSM: jax.Array, router_ME: jax.Array, wi_EMF: jax.Array, wo_EFM: jax.Array, *,
             k: int, capacity_factor: float, mesh: Any | None = None,
             activation: Callable[[jax.Array], jax.Array] = jax.nn.relu,
-            uniform_GS: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+            uniform_GS: jax.Array | None = None, wi_gate_EMF: jax.Array | None = None
+            ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The MoE feed-forward of groups of tokens, and its routing statistics.
 
   Args:
@@ -201,6 +203,7 @@ def moe_ffn(x_GSM: jax.Array, router_ME: jax.Array, wi_EMF: jax.Array, wo_EFM: j
     uniform_GS: uniform numbers in [0, 1), one per token, drawn for the whole batch
       (so a split over devices routes as one device does): the second expert is
       dispatched at random, GShard's way (`route`). None: always.
+    wi_gate_EMF: gated experts (`experts`): activation(x wi_gate) * (x wi_EMF).
 
   Returns:
     (y_GSM, stats): the layer output (0 for tokens no expert took) and scalars
@@ -208,33 +211,20 @@ def moe_ffn(x_GSM: jax.Array, router_ME: jax.Array, wi_EMF: jax.Array, wo_EFM: j
     and `load_max_over_mean` (the busiest expert's first and second choices
     over the mean; 1 is perfect balance), over all groups.
   """
-  e = router_ME.shape[-1]
-  context = jax.sharding.get_abstract_mesh()
-  # Inside a pipeline stage (`mlbench.train.pipeline`, the `stage` axis already manual)
-  # one program over the stage's devices, which GSPMD splits (nesting a second
-  # per-device program there is what JAX 0.10 cannot differentiate).
-  if mesh is None or mesh.devices.size == 1 or (not context.empty and context.manual_axes):
-    return _local(x_GSM, router_ME, wi_EMF, wo_EFM, uniform_GS, k=k,
+  if expert_mesh.one_program(mesh):
+    return _local(x_GSM, router_ME, wi_EMF, wo_EFM, uniform_GS, wi_gate_EMF, k=k,
                   capacity_factor=capacity_factor, activation=activation, expert_axis=None,
                   reduce_axes=())
-  from jax.sharding import PartitionSpec as P
-
-  axes = token_axes(mesh)
-  shards = expert_shards(mesh)
-  if e % shards:
-    raise UserError(f"{e} experts do not split over the {shards} devices of mesh axis "
-                    f"'{EXPERT}'; use an expert axis that divides model.moe.num_experts")
-  groups = int(math.prod(mesh.shape[a] for a in axes))
-  if x_GSM.shape[0] % groups:
-    raise UserError(f"{x_GSM.shape[0]} sequences do not split over the {groups} devices of "
-                    f"mesh axes {axes}; use batch sizes that are multiples of {groups}")
-  expert_spec = P(EXPERT) if shards > 1 else P()
-  body = jax.shard_map(
-      lambda x, r, wi, wo, u: _local(x, r, wi, wo, u, k=k, capacity_factor=capacity_factor,
-                                     activation=activation,
-                                     expert_axis=EXPERT if shards > 1 else None,
-                                     reduce_axes=axes),
-      mesh=mesh, in_specs=(P(axes), P(), expert_spec, expert_spec,
-                           P() if uniform_GS is None else P(axes)),
-      out_specs=(P(axes), P()), check_vma=True)
-  return body(x_GSM, router_ME, wi_EMF, wo_EFM, uniform_GS)
+  axes, shards = expert_mesh.check_split(mesh, experts=router_ME.shape[-1],
+                                         rows=x_GSM.shape[0])
+  body = expert_mesh.per_device(
+      lambda x, r, wi, wo, u, wg: _local(x, r, wi, wo, u, wg, k=k,
+                                         capacity_factor=capacity_factor,
+                                         activation=activation,
+                                         expert_axis=EXPERT if shards > 1 else None,
+                                         reduce_axes=axes),
+      mesh, (expert_mesh.TOKENS, expert_mesh.WHOLE, expert_mesh.EXPERTS, expert_mesh.EXPERTS,
+             expert_mesh.WHOLE if uniform_GS is None else expert_mesh.TOKENS,
+             expert_mesh.EXPERTS),
+      axes=axes, sharded=shards > 1)
+  return body(x_GSM, router_ME, wi_EMF, wo_EFM, uniform_GS, wi_gate_EMF)

@@ -21,8 +21,18 @@ traced, for `mlbench check` and the run's log.
 Masks: `causal`; `kv_lengths_B` (right padding: keys at positions >= the length are
 padding); `q_segments_BL`/`kv_segments_BS` (packed sequences: a query attends to the keys
 of its own segment; 0 marks padding); `bias` (added to the logits, broadcastable to
-[B, N, L, S]). Outputs at padded query positions are unspecified (implementations differ
-there); nothing downstream may depend on them.
+[B, N, L, S]); `window` W (with `causal`: a sliding window) lets query i see keys i - W
+.. i only, W + 1 keys: Megatron's `window_size (W, 0)` (Megatron-LM passes its
+TransformerConfig.window_size to TransformerEngine's DotProductAttention, whose docstring,
+NVIDIA/TransformerEngine transformer_engine/pytorch/attention.py, `window_size`: "query at
+position i attends to keys in [i + seqlen_k - seqlen_q - window_size[0], i + seqlen_k -
+seqlen_q + window_size[1]] inclusive", flash-attn's convention; self-attention has
+seqlen_k = seqlen_q), so gpt-oss's [128, 0] is 129 keys. On TPUs splash attention's
+`LocalMask((L, S), (W, 0), 0)` (whose blocks wholly outside the window are skipped), on
+GPUs cuDNN's `sliding_window_length` W + 1 (exclusive; jax.nn.dot_product_attention's
+`local_window_size=(W, 0)` passes that), on XLA a mask (`chunk` skips the blocks wholly
+before the window). Outputs at padded query positions are unspecified (implementations
+differ there); nothing downstream may depend on them.
 
 Shape suffixes: B batch, L query length, S key length, N query heads, K key/value heads
 (K divides N), D head size.
@@ -72,6 +82,7 @@ class Site:
   dropout: float = 0.0
   bias_dtype: str = ""  # the bias's dtype, where there is one
   training: bool = True  # differentiated (in a train step, or in a program of no name)
+  window: int = 0  # a sliding window: keys at most this many positions back (0: none)
 
   def describe(self) -> str:
     """'self-attention, 512 x 512 tokens, 16 heads of 64, bfloat16, padding'."""
@@ -80,6 +91,8 @@ class Site:
       heads += f" ({self.kv_heads} key/value heads)"
     masks = [m for m, on in (("causal", self.causal), ("padding", self.padding),
                              ("segments", self.packed), ("bias", self.bias)) if on]
+    if self.window:
+      masks.append(f"sliding window {self.window}")
     if self.dropout:
       masks.append(f"dropout {self.dropout:g}")
     return ", ".join([self.name, f"{self.q_len} x {self.kv_len} tokens", heads, self.dtype,
@@ -130,8 +143,10 @@ def choose(requested: AttentionImpl, platform: str, site: Site, *, stages: int =
 
 def _kernel_name(impl: AttentionImpl, site: Site) -> str:
   if impl is AttentionImpl.CUDNN:
-    return "cuDNN fused flash attention"
-  return "Pallas flash attention (with the bias)" if site.bias else "Pallas splash attention"
+    return "cuDNN fused flash attention" + (" (its sliding window)" if site.window else "")
+  if site.bias:
+    return "Pallas flash attention (with the bias)"
+  return "Pallas splash attention" + (" (a local mask)" if site.window else "")
 
 
 def _cannot(impl: AttentionImpl, site: Site, platform: str, stages: int) -> str:
@@ -236,11 +251,14 @@ def attend(q_BLND: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *,
            mesh: Any = None, causal: bool = False, kv_lengths_B: jax.Array | None = None,
            q_segments_BL: jax.Array | None = None, kv_segments_BS: jax.Array | None = None,
            bias: jax.Array | None = None, dropout: Dropout | None = None,
-           chunk: int = 0) -> jax.Array:
+           chunk: int = 0, window: int | None = None) -> jax.Array:
   """softmax(q k^T / sqrt(D) + masks) v, [B, L, N, D], by the implementation `choose`
   picks for this call (see the module docstring for the masks). `name` says which
   attention of the model this is in reports; `mesh` is `StepContext.mesh`; `chunk`
-  (XLA, causal only) computes query blocks of that many positions one at a time."""
+  (XLA, causal only) computes query blocks of that many positions one at a time; `window`
+  (causal only): query i sees keys i - window .. i."""
+  if window and not causal:
+    raise ValueError(f"a sliding window ({window}) is a causal mask's: pass causal=True")
   site = Site(name=name, batch=q_BLND.shape[0], q_len=q_BLND.shape[1], kv_len=k_BSKD.shape[1],
               heads=q_BLND.shape[2], kv_heads=k_BSKD.shape[2], head_dim=q_BLND.shape[3],
               dtype=jnp.dtype(q_BLND.dtype).name, causal=causal,
@@ -248,7 +266,7 @@ def attend(q_BLND: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *,
               packed=q_segments_BL is not None, bias=bias is not None,
               dropout=dropout.rate if dropout is not None else 0.0,
               bias_dtype="" if bias is None else jnp.dtype(bias.dtype).name,
-              training=_PROGRAM.get()[0] != "eval step")
+              training=_PROGRAM.get()[0] != "eval step", window=window or 0)
   from mlbench.train import pipeline
 
   mesh = mesh if mesh is not None else _PROGRAM.get()[1]
@@ -258,7 +276,7 @@ def attend(q_BLND: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *,
   if calls is not None:
     calls.append((_PROGRAM.get()[0], site, choice))
   masks = dict(causal=causal, kv_lengths_B=kv_lengths_B, q_segments_BL=q_segments_BL,
-               kv_segments_BS=kv_segments_BS, bias=bias)
+               kv_segments_BS=kv_segments_BS, bias=bias, window=window or 0)
   if choice.implementation is AttentionImpl.PALLAS:
     from mlbench.train.attention import tpu
 
@@ -270,15 +288,17 @@ def attend(q_BLND: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *,
 
 def _cudnn(q_BLND: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *, causal: bool,
            kv_lengths_B: jax.Array | None, q_segments_BL: jax.Array | None,
-           kv_segments_BS: jax.Array | None, bias: jax.Array | None) -> jax.Array:
+           kv_segments_BS: jax.Array | None, bias: jax.Array | None,
+           window: int = 0) -> jax.Array:
   """cuDNN's fused attention: right padding as sequence lengths (cuDNN skips the padded
-  blocks), causal as its causal mask; packed segments as a boolean mask, which JAX hands
-  cuDNN as a bias."""
+  blocks), causal as its causal mask, a window as its sliding window; packed segments as
+  a boolean mask, which JAX hands cuDNN as a bias."""
   segments = allowed_mask(q_BLND.shape[1], k_BSKD.shape[1], q_segments_BL=q_segments_BL,
                           kv_segments_BS=kv_segments_BS)
   lengths = None if kv_lengths_B is None else kv_lengths_B.astype(jnp.int32)
   return jax.nn.dot_product_attention(q_BLND, k_BSKD, v_BSKD, bias=bias, mask=segments,
                                       is_causal=causal, key_value_seq_lengths=lengths,
+                                      local_window_size=(window, 0) if window else None,
                                       implementation="cudnn")
 
 

@@ -3,7 +3,9 @@
 Splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`) serves every call
 without a bias: causal masks as block-sparse masks (the fully masked blocks are skipped),
 padding and packed sequences as segment ids, grouped-query heads as one multi-query kernel
-per key/value head (its queries share the keys, as MaxText runs it). Flash attention
+per key/value head (its queries share the keys, as MaxText runs it), a sliding window as
+a local mask (`LocalMask`, window (W, 0): keys i - W .. i; its blocks wholly outside the
+window skipped). Flash attention
 (`...ops.tpu.flash_attention`) serves calls that add a bias to the logits, which splash
 cannot take. Both run per device under `jax.shard_map`: rows split over the mesh's batch
 axes, heads over `model` where it divides them, the rest whole, so GSPMD never has to
@@ -34,6 +36,8 @@ def cannot(site: Any) -> str:
   if site.q_len % BLOCKS[-1] or site.kv_len % BLOCKS[-1]:
     return (f"{site.q_len} x {site.kv_len} tokens; the kernels need multiples of "
             f"{BLOCKS[-1]} on both sides")
+  if site.window and site.bias:
+    return "a sliding window with a bias: flash attention, which takes the bias, has no window"
   return ""
 
 
@@ -45,7 +49,7 @@ def block(length: int) -> int:
 def attend(q_BLND: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *, mesh: Any,
            interpret: bool, causal: bool, kv_lengths_B: jax.Array | None,
            q_segments_BL: jax.Array | None, kv_segments_BS: jax.Array | None,
-           bias: jax.Array | None) -> jax.Array:
+           bias: jax.Array | None, window: int = 0) -> jax.Array:
   """Attention [B, L, N, D] by splash (no bias) or flash (bias) attention, per device."""
   batch, length, heads, head_dim = q_BLND.shape
   kv_len, kv_heads = k_BSKD.shape[1], k_BSKD.shape[2]
@@ -53,8 +57,8 @@ def attend(q_BLND: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *, mesh: Any
                             kv_segments_BS)
   # Scaled before the kernel: flash attention scales the biased logits, splash not at all.
   q_BLND = q_BLND * jnp.asarray(head_dim ** -0.5, q_BLND.dtype)
-  kernel = functools.partial(_flash if bias is not None else _splash, causal=causal,
-                             interpret=interpret)
+  kernel = (functools.partial(_flash, causal=causal, interpret=interpret) if bias is not None
+            else functools.partial(_splash, causal=causal, interpret=interpret, window=window))
   rows, head_axis = _split(mesh, batch, heads, kv_heads)
   if not rows and head_axis is None:
     return kernel(q_BLND, k_BSKD, v_BSKD, q_seg, kv_seg, bias)
@@ -112,7 +116,7 @@ def _segments(batch: int, length: int, kv_len: int, kv_lengths_B: jax.Array | No
 
 def _splash(q_BLND: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, q_seg: jax.Array | None,
             kv_seg: jax.Array | None, bias: None, *, causal: bool,
-            interpret: bool) -> jax.Array:
+            interpret: bool, window: int = 0) -> jax.Array:
   """Splash attention on this device's rows and heads."""
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
@@ -121,7 +125,8 @@ def _splash(q_BLND: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, q_seg: jax.
   b, length, heads, d = q_BLND.shape
   kv_len, kv_heads = k_BSKD.shape[1], k_BSKD.shape[2]
   group = heads // kv_heads
-  one = sm.CausalMask((length, kv_len)) if causal else sm.FullMask((length, kv_len))
+  one = (sm.LocalMask((length, kv_len), (window, 0), 0) if window
+         else sm.CausalMask((length, kv_len)) if causal else sm.FullMask((length, kv_len)))
   bq, bkv = block(length), block(kv_len)
   sizes = sk.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq,
                         block_kv_dkv=bkv, block_kv_dkv_compute=bkv, block_q_dq=bq,

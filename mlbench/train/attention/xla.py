@@ -31,17 +31,29 @@ class Dropout:
   apply: Callable[[jax.Array], jax.Array]
 
 
+def window_mask(q_len: int, kv_len: int, window: int, q_start: int = 0,
+                kv_start: int = 0) -> np.ndarray:
+  """[L, S] booleans: causal, and no key more than `window` positions before its query
+  (query i sees keys i - window .. i); positions counted from `q_start` and `kv_start`."""
+  q = np.arange(q_start, q_start + q_len)[:, None]
+  k = np.arange(kv_start, kv_start + kv_len)[None, :]
+  return (k <= q) & (k >= q - window)
+
+
 def allowed_mask(q_len: int, kv_len: int, *, causal: bool = False,
                  kv_lengths_B: jax.Array | None = None, q_segments_BL: jax.Array | None = None,
-                 kv_segments_BS: jax.Array | None = None) -> jax.Array | None:
-  """[B or 1, 1, L, S] booleans, True where a query may attend to a key; None: all."""
+                 kv_segments_BS: jax.Array | None = None, window: int = 0) -> jax.Array | None:
+  """[B or 1, 1, L, S] booleans, True where a query may attend to a key; None: all.
+  `window` (with `causal`): keys at most that many positions back (`window_mask`)."""
   mask = None
 
   def both(m):
     return m if mask is None else jnp.logical_and(mask, m)
 
   if causal:
-    mask = both(jnp.asarray(np.tril(np.ones((q_len, kv_len), bool)))[None, None])
+    allowed = (window_mask(q_len, kv_len, window) if window
+               else np.tril(np.ones((q_len, kv_len), bool)))
+    mask = both(jnp.asarray(allowed)[None, None])
   if kv_lengths_B is not None:
     mask = both((jnp.arange(kv_len)[None, :] < kv_lengths_B[:, None])[:, None, None, :])
   if kv_segments_BS is not None:
@@ -54,13 +66,14 @@ def allowed_mask(q_len: int, kv_len: int, *, causal: bool = False,
 def attend(q_BLND: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *, causal: bool = False,
         kv_lengths_B: jax.Array | None = None, q_segments_BL: jax.Array | None = None,
         kv_segments_BS: jax.Array | None = None, bias: jax.Array | None = None,
-        dropout: Dropout | None = None, chunk: int = 0) -> jax.Array:
+        dropout: Dropout | None = None, chunk: int = 0, window: int = 0) -> jax.Array:
   """XLA's attention: the reference every kernel is tested against."""
   length, kv_len = q_BLND.shape[1], k_BSKD.shape[1]
   padded = kv_lengths_B is not None or kv_segments_BS is not None
   if dropout is not None and dropout.rate:
     mask = allowed_mask(length, kv_len, causal=causal, kv_lengths_B=kv_lengths_B,
-                        q_segments_BL=q_segments_BL, kv_segments_BS=kv_segments_BS)
+                        q_segments_BL=q_segments_BL, kv_segments_BS=kv_segments_BS,
+                        window=window)
     total = 0.0 if bias is None else bias.astype(jnp.float32)
     if mask is not None:
       total = total + jnp.where(mask, 0.0, NEG_INF).astype(jnp.float32)
@@ -71,27 +84,32 @@ def attend(q_BLND: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *, causal: b
                                   None if mask is None and bias is None else total,
                                   dropout.apply)
   if chunk and causal and not padded and bias is None and chunk < length:
-    return _chunked_causal(q_BLND, k_BSKD, v_BSKD, chunk)
+    return _chunked_causal(q_BLND, k_BSKD, v_BSKD, chunk, window)
   mask = allowed_mask(length, kv_len, kv_lengths_B=kv_lengths_B, q_segments_BL=q_segments_BL,
                       kv_segments_BS=kv_segments_BS)
+  # jax's local window (left, right) is inclusive: (window, 0) is keys i - window .. i.
   return jax.nn.dot_product_attention(q_BLND, k_BSKD, v_BSKD, bias=bias, mask=mask,
-                                      is_causal=causal, implementation="xla")
+                                      is_causal=causal, implementation="xla",
+                                      local_window_size=(window, 0) if window else None)
 
 
 def _chunked_causal(q_BLND: jax.Array, k_BLKD: jax.Array, v_BLKD: jax.Array,
-                    chunk: int) -> jax.Array:
+                    chunk: int, window: int = 0) -> jax.Array:
   """Causal attention by query blocks: block b (positions [b*chunk, (b+1)*chunk)) attends
   to keys [0, (b+1)*chunk) under its own `jax.checkpoint` (same result, one block's scores
-  in memory at a time, the fully masked upper blocks never computed)."""
+  in memory at a time, the fully masked upper blocks never computed); with a `window`,
+  to keys [b*chunk - window, (b+1)*chunk) only: the blocks wholly before the window are
+  never computed either."""
   length = q_BLND.shape[1]
   if length % chunk:
     raise UserError(f"attention_chunk {chunk} must divide the sequence length {length}")
   block = jax.checkpoint(lambda q, k, v, m: jax.nn.dot_product_attention(q, k, v, mask=m))
   outs = []
   for b in range(length // chunk):
-    end = (b + 1) * chunk
-    allowed_QS = np.arange(b * chunk, end)[:, None] >= np.arange(end)[None, :]
-    outs.append(block(q_BLND[:, b * chunk:end], k_BLKD[:, :end], v_BLKD[:, :end],
+    start, end = b * chunk, (b + 1) * chunk
+    first = max(0, start - window) if window else 0
+    allowed_QS = window_mask(chunk, end - first, window or length, start, first)
+    outs.append(block(q_BLND[:, start:end], k_BLKD[:, first:end], v_BLKD[:, first:end],
                       jnp.asarray(allowed_QS)[None, None]))
   return jnp.concatenate(outs, axis=1)
 

@@ -1,4 +1,5 @@
-"""The mini dataset: CPython's own documentation as Megatron indexed datasets.
+"""The decoder LMs' mini dataset (llama31_8b, gpt_oss_20b): CPython's own documentation
+as Megatron indexed datasets.
 
 Documents are the docstrings of every pure-Python standard-library module (module,
 class and function docstrings of one file, read with `ast`, never imported; test
@@ -10,8 +11,10 @@ held out as the validation set. A byte-level BPE vocabulary (Hugging Face
 document is written as its ids followed by `<|endoftext|>` (NeMo's --append-eod, which
 the reference's C4 does without: the mini's own choice, which keeps its short documents
 apart), into `train_text_document.{bin,idx}` and `validation_text_document.{bin,idx}` with
-`tokenizer.json` beside them. Samples are then built from these files exactly as from
-the reference's C4 (`samples.py`). Written once, atomically; later runs reuse it.
+`tokenizer.json` beside them, in a folder named after the vocabulary (`folder`), which
+every workload that reads this corpus at that vocabulary shares. Samples are then built
+from these files exactly as from the reference's C4 (`gpt_samples.py`). Written once,
+atomically; later runs reuse it.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ from mlbench.datasets import indexed
 from mlbench.storage import paths
 from mlbench.train import data
 from workloads.common import llm
-from workloads.llama31_8b.config import LlamaConfig, Source
-from workloads.llama31_8b.input_pipeline import dataset_dir
 
 EVAL_EVERY = 10
+TRAIN_PREFIX = "train_text_document"
+EVAL_PREFIX = "validation_text_document"
+FOLDER = "pydoc-megatron"
 _SKIPPED = {"site-packages", "dist-packages", "test", "idlelib", "lib2to3", "tkinter",
             "turtledemo", "ensurepip", "__pycache__"}
 
@@ -76,25 +80,27 @@ def encode(tokenizer, texts: list[str]) -> list[np.ndarray]:
   return [np.asarray([*e.ids, end], np.int64) for e in tokenizer.encode_batch(texts)]
 
 
-def prepare(cfg: LlamaConfig, data_dir: Path) -> None:
-  """Writes the mini datasets under `data_dir` unless they are already there; does
-  nothing for configs that read supplied files."""
-  if cfg.data.source is not Source.PYDOC:
-    return
-  data.write_dataset(dataset_dir(cfg, paths.path(data_dir)), functools.partial(_write, cfg))
+def folder(data_dir: Path, vocab_size: int) -> Path:
+  """Where the corpus at `vocab_size` tokens is written under `data_dir`."""
+  return paths.path(data_dir) / f"{FOLDER}-v{vocab_size}"
 
 
-def _write(cfg: LlamaConfig, folder: Path) -> dict[str, object]:
+def prepare(data_dir: Path, vocab_size: int) -> None:
+  """Writes the corpus under `data_dir` (`folder`) unless it is already there."""
+  data.write_dataset(folder(data_dir, vocab_size), functools.partial(_write, vocab_size))
+
+
+def _write(vocab_size: int, out: Path) -> dict[str, object]:
   docs = documents()
   train_texts, eval_texts = split(docs)
-  tokenizer = llm.train_tokenizer(train_texts, cfg.model.vocab_size)
+  tokenizer = llm.train_tokenizer(train_texts, vocab_size)
   dtype = np.uint16 if tokenizer.get_vocab_size() < 65500 else np.int32
   counts = {}
-  for prefix, texts in ((cfg.data.train_prefix, train_texts), (cfg.data.eval_prefix, eval_texts)):
+  for prefix, texts in ((TRAIN_PREFIX, train_texts), (EVAL_PREFIX, eval_texts)):
     ids = encode(tokenizer, texts)
-    indexed.write(folder / prefix, ids, dtype)
+    indexed.write(out / prefix, ids, dtype)
     counts[prefix] = {"documents": len(ids), "tokens": int(sum(len(i) for i in ids))}
-  tokenizer.save(str(folder / "tokenizer.json"))
+  tokenizer.save(str(out / "tokenizer.json"))
   return {"source": f"docstrings of the standard library and pydoc_data.topics of CPython "
                     f"{platform.python_version()}",
           "held_out": f"every {EVAL_EVERY}th document", "vocab_size": tokenizer.get_vocab_size(),

@@ -6,8 +6,10 @@ with numpy's RandomState(seed) (`document_index`), form one token stream; sample
 stream tokens [i * L, (i + 1) * L], L + 1 of them (inputs and next-token targets), so
 consecutive samples share one token. `sample_index[i]` is (position in document_index,
 offset) of stream token i * L, which is where Megatron's C++ `build_sample_idx` puts it.
-The order samples are read in is a second RandomState shuffle (`shuffle_index`); an
-evaluation set is read in order.
+The order samples are read in is a second RandomState shuffle (`shuffle_index`). An
+evaluation set is read in order (NeMo's validation set, llama31_8b) or, as Megatron's
+GPTDataset builds its validation split, shuffled like a training set of the samples
+requested and read from the start (`validation_samples`, gpt_oss_20b).
 """
 
 from __future__ import annotations
@@ -101,6 +103,18 @@ def training_samples(dataset: IndexedDataset, seq_length: int, num_samples: int,
     rng.shuffle(rest)
     shuffle = np.concatenate([shuffle, rest])
   return GptSamples(dataset, doc_index, idx, shuffle)
+
+
+def validation_samples(dataset: IndexedDataset, seq_length: int, num_samples: int,
+                       seed: int) -> GptSamples:
+  """The first `num_samples` of Megatron's validation GPTDataset built for `num_samples`
+  with `seed`: shuffled as training samples are (NVIDIA/Megatron-LM@8477817
+  megatron/core/datasets/gpt_dataset.py L410-456 build every split alike, seeded with the
+  run's --seed), read from the start by a sampler capped at `num_samples`
+  (mlcommons/training small_llm_moe_pretraining/primus/patches/
+  megatron_validation_consumed_samples.patch)."""
+  samples = training_samples(dataset, seq_length, num_samples, seed)
+  return dataclasses.replace(samples, shuffle=samples.shuffle[:num_samples])
 
 
 def evaluation_samples(dataset: IndexedDataset, seq_length: int, num_samples: int) -> GptSamples:
