@@ -24,9 +24,10 @@ TensorCore (jax's `pltpu.get_tpu_info()`: `mxu_column_size` 128, `num_mxus` 4), 
 are multiples of 128; a backward step holds about six [bq, bk] float32 tiles (scores, P,
 the mask, dP, dS, a low-precision copy): 6 MiB at 512 x 512, which with the double-buffered
 blocks fits v4's 16 MiB of VMEM per TensorCore (v5p has 64 MiB, same source), where
-1024 x 1024 (24 MiB) would not; and a 512 x 512 x 64 step (67 MFLOP, about 0.5 us at a v4
-core's 137 TFLOP/s) stays long against the ~0.35 us Pallas spends per grid step (Pallas
-TPU docs, "Pipelining"). A row's keys and values stay whole in VMEM: `MAX_ROW_ELEMENTS`.
+1024 x 1024 (24 MiB) would not; and the largest block that fits makes the fewest grid
+steps, each with a fixed cost (its DMAs issued and waited for), against 67 MFLOP of MXU
+work at 512 x 512 x 64 (about 0.5 us at a v4 TensorCore's 137 TFLOP/s, `tpu_info`'s
+`bf16_ops_per_second`). A row's keys and values stay whole in VMEM: `MAX_ROW_ELEMENTS`.
 
 Each kernel declares its cost to XLA (`pl.CostEstimate`), so `mlbench check`'s estimate
 and roofline count it: FLOPs and transcendentals as jax's Pallas cost rules count the
