@@ -9,8 +9,8 @@ cannot take. A training call with attention dropout runs mlbench's own kernel
 (`dropout_kernel`), its random bits numbered by global row and head so that every device
 draws its own share of one mask. All run per device under `jax.shard_map`: rows split over
 the mesh's batch axes, heads over `model` where it divides them, the rest whole, so GSPMD
-never has to partition a kernel it cannot see into. Block sizes are the largest of 512, 256 and 128
-that divide the sequence (512 is MaxText's default for splash on v4/v5p).
+never has to partition a kernel it cannot see into. Block sizes are the largest of 512,
+256 and 128 that divide the sequence (512 is MaxText's default for splash on v4/v5p).
 
 On a CPU the kernels run in Pallas's TPU interpreter: slow, and only for checking them
 against XLA (tests, `--set model.attention=pallas` on a CPU).
