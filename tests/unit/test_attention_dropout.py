@@ -9,6 +9,8 @@ the kernels compiled by the TPU compiler for v4 with their declared cost."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +18,7 @@ import pytest
 
 from mlbench.fields import AttentionImpl as Impl
 from mlbench.train import attention, mesh as mesh_lib
-from mlbench.train.attention import dropout_bits, dropout_kernel, xla
+from mlbench.train.attention import dropout_bits, dropout_kernel
 
 # Row 0: sequences of 100 and 100 tokens, then padding; row 1: 100 and 156 tokens.
 SEGMENTS = np.where(np.arange(256)[None] < np.array([[200], [256]]),
@@ -31,16 +33,20 @@ def _qkv(batch: int, length: int, kv_len: int, heads: int, kv_heads: int, d: int
           for n, h in ((length, heads), (kv_len, kv_heads), (kv_len, kv_heads))]
 
 
-def _grads(impl: Impl, qkv: list[jax.Array], masks: dict, dropout=None, mesh=None):
-  """(output, gradients of a weighted sum of it over the real queries) by `impl`."""
+def _grads(impl: Impl | Any, qkv: list[jax.Array], masks: dict, dropout=None, mesh=None):
+  """(output, gradients of a weighted sum of it over the real queries) by `impl`: an
+  implementation `attend` runs, or a function of (q, k, v)."""
   real = jnp.asarray(masks["q_segments_BL"] > 0 if "q_segments_BL" in masks
                      else np.ones(qkv[0].shape[:2], bool))
   weights = jnp.asarray(np.linspace(-1, 1, qkv[0].shape[-1]), jnp.float32)
 
   def loss(q, k, v):
-    out = attention.attend(q, k, v, implementation=impl, mesh=mesh, dropout=dropout,
-                           **{n: m if isinstance(m, bool) else jnp.asarray(m)
-                              for n, m in masks.items()})
+    if callable(impl):
+      out = impl(q, k, v)
+    else:
+      out = attention.attend(q, k, v, implementation=impl, mesh=mesh, dropout=dropout,
+                             **{n: m if isinstance(m, bool) else jnp.asarray(m)
+                                for n, m in masks.items()})
     return (out * weights * real[..., None, None]).sum(), out
 
   (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(*qkv)
@@ -80,27 +86,16 @@ def test_with_dropout_the_kernel_is_xla_under_the_same_mask(case):
 def test_without_dropout_the_kernel_is_xlas_attention():
   # Rate 0 never reaches the kernel through `attend` (splash serves it): call it directly.
   qkv = _qkv(2, 256, 256, 4, 2)
-  heads = 4
-  spec = dropout_kernel.Spec(causal=False, rate=0.0, heads=heads, segments=True,
-                             interpret=True)
+  spec = dropout_kernel.Spec(causal=False, rate=0.0, heads=4, segments=True, interpret=True)
   seg = jnp.asarray(SEGMENTS)[:, None, :]
-  scale = 16 ** -0.5
 
   def kernel(q, k, v):
-    out = dropout_kernel.attend(spec, *(x.transpose(0, 2, 1, 3) for x in (q * scale, k, v)),
+    q = q * 16 ** -0.5
+    out = dropout_kernel.attend(spec, *(x.transpose(0, 2, 1, 3) for x in (q, k, v)),
                                 seg, seg, jnp.zeros(4, jnp.int32))
     return out.transpose(0, 2, 1, 3)
 
-  def reference(q, k, v):
-    return xla.attend(q, k, v, q_segments_BL=jnp.asarray(SEGMENTS),
-                      kv_segments_BS=jnp.asarray(SEGMENTS))
-
-  real = jnp.asarray(SEGMENTS > 0)[..., None, None]
-  results = []
-  for fn in (kernel, reference):
-    loss = lambda *a, fn=fn: ((fn(*a) * real) ** 2).sum()  # noqa: E731
-    results.append((np.asarray(fn(*qkv) * real), jax.jit(jax.grad(loss, (0, 1, 2)))(*qkv)))
-  _same(*results)
+  _same(_grads(kernel, qkv, PACKED), _grads(Impl.XLA, qkv, PACKED))
 
 
 def test_under_shard_map_each_device_draws_its_rows_and_heads_share_of_one_mask():
@@ -140,16 +135,46 @@ def test_the_mask_keeps_nine_in_ten_and_changes_with_step_layer_row_and_head():
   assert abs(_agreement(one[0, 0, :128], one[0, 0, 128:]) - 0.82) < 6 * sd  # query blocks
 
 
+def test_the_workloads_attention_draws_new_masks_each_step_and_layer():
+  """BERT's and the Transformer's `Attention` (workloads/common/transformer.py), two layers
+  with the same weights on the same input, on the kernel: a layer's key for the step
+  (`make_rng`) makes the two layers' outputs differ, and a step's from the next's."""
+  import flax.linen as nn
+
+  from workloads.common import transformer as blocks
+
+  class Two(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      layer = lambda name: blocks.Attention(  # noqa: E731
+          2, 8, dropout=0.5, implementation=Impl.PALLAS, name=name)
+      return layer("one")(x, deterministic=False), layer("two")(x, deterministic=False)
+
+  x = jnp.asarray(np.random.default_rng(10).standard_normal((1, 128, 16)), jnp.float32)
+  model = Two()
+  weights = blocks.Attention(2, 8).init(jax.random.key(0), x)["params"]  # XLA's, cheap
+  params = {"one": weights, "two": weights}
+  run = jax.jit(lambda key: model.apply({"params": params}, x, rngs={"dropout": key}))
+  (one, two), (one_next, _) = run(jax.random.key(1)), run(jax.random.key(2))
+  assert not np.allclose(one, two) and not np.allclose(one, one_next)
+  np.testing.assert_array_equal(run(jax.random.key(1))[0], one)  # a step's mask is its own
+
+
 def test_dropping_with_the_kernels_mask_keeps_the_attention_in_expectation():
   """The same attention in expectation as without dropout (what "the same losses in
   expectation" needs): 64 masks' mean of dropped probabilities against the probabilities.
   A dropped-and-scaled probability p has standard deviation p sqrt(rate / (1 - rate)),
   p / 3 at 0.1: over 64 masks p / 24; bound at six of them."""
-  rng = np.random.default_rng(8)
-  probs = jax.nn.softmax(jnp.asarray(rng.standard_normal((1, 1, 128, 128)), jnp.float32), -1)
-  seeds = jax.vmap(dropout_bits.seeds)(jax.random.split(jax.random.key(9), 64))
-  mean = jax.jit(jax.vmap(lambda s: dropout_bits.apply(s, 0.1, probs)))(seeds).mean(0)
-  assert np.all(np.abs(mean - probs) < 6 * probs / 24)
+  logits = np.random.default_rng(8).standard_normal((1, 1, 128, 128))
+  probs = (np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)).astype(np.float32)
+
+  @jax.jit
+  def mean(keys):
+    drop = lambda key: dropout_bits.apply(dropout_bits.seeds(key), 0.1, probs)  # noqa: E731
+    return jax.vmap(drop)(keys).mean(0)
+
+  got = np.asarray(mean(jax.random.split(jax.random.key(9), 64)))
+  assert np.all(np.abs(got - probs) < 6 * probs / 24)
 
 
 def test_a_changed_sequence_leaves_its_row_mates_alone_with_dropout_on():
