@@ -121,7 +121,8 @@ def test_attention_dropout_on_packed_rows_is_the_padded_sequences(both, placemen
     return out
 
   def attend(q, k, v, cot, keep_mask, masks):
-    drop = attention.Dropout(rate, lambda p: p * keep_mask / (1 - rate))
+    drop = attention.Dropout(rate, jax.random.key(0),  # XLA applies `apply`, not the key
+                             apply=lambda p: p * keep_mask / (1 - rate))
     out = attention.attend(q, k, v, name="test", dropout=drop, **masks)
     return (out * cot).sum(), out
 
