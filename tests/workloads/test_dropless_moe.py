@@ -145,7 +145,10 @@ def test_megablox_gmm_and_the_chunked_loop_compute_the_grouped_products_and_grad
 
   def run(kernel):
     mm = functools.partial(grouped_matmul, sizes_G=sizes, kernel=kernel, platform="cpu")
-    loss = lambda x, w: jnp.sum(mm(x, w)[:used] ** 2)
+
+    def loss(x, w):
+      return jnp.sum(mm(x, w)[:used] ** 2)
+
     return jax.jit(lambda x, w: (mm(x, w)[:used], jax.grad(loss, (0, 1))(x, w)))(x, w)
 
   for kernel in (Grouped.GMM, Grouped.CHUNKED):  # ragged_dot: the FSDP case above
