@@ -272,9 +272,10 @@ def _dtypes(tree: Any) -> dict[str, int]:
 def _predict(plan: Plan, acc: accelerators.Accelerator, reports: tuple[ProgramReport, ...],
              grad_bytes: float, model_flops: float,
              convergence: predict_lib.Convergence | None) -> predict_lib.Prediction:
-  """The time model on the compiled programs. Where XLA gives no FLOP count the analytic
-  model FLOPs stand in; where the program's collectives are unknown, the gradient
-  all-reduce still comes from the topology (only model-axis ones are missing)."""
+  """The time model on the compiled programs. Where XLA counts fewer FLOPs than the
+  analytic model FLOPs (none, or a scanned stack's body once) those stand in; where the
+  program's collectives are unknown, the gradient all-reduce still comes from the topology
+  (only model-axis ones are missing)."""
   train, evaluation = reports[0], reports[1]
   devices = int(plan.mesh.devices.size)
   other = math.prod(v for k, v in plan.mesh.shape.items() if k != "data")
@@ -301,8 +302,11 @@ def _predict(plan: Plan, acc: accelerators.Accelerator, reports: tuple[ProgramRe
                              collectives_known=train.hlo_readable or other == 1)
 
 
-def _cost_of(p: ProgramReport, devices: int, fallback_flops: float) -> timemodel.StepCost:
-  flops = p.flops if p.flops else fallback_flops
+def _cost_of(p: ProgramReport, devices: int, least_flops: float) -> timemodel.StepCost:
+  """A program's per-device cost. Its FLOPs are at least `least_flops` (the train step's
+  model FLOPs; `estimate.run_step` takes the same floor): XLA counts a while loop's body
+  once, so a scanned layer stack (llama31_8b, gpt_oss_20b) reads as one layer's work."""
+  flops = max(float(p.flops or 0.0), least_flops)
   return timemodel.StepCost(flops=flops / devices, hbm_bytes=float(p.bytes_accessed or 0.0))
 
 

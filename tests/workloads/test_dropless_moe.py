@@ -2,7 +2,11 @@
 experts at any load, equal in float32 (values and gradients) to a dense reference that runs
 every expert on every token and masks by the routing; expert parallelism over the 8 test
 devices gives the one-device results; megablox's gmm (Pallas's interpreter) and the
-chunked loop (the CPU's kernel, which the tests above run) give ragged_dot's."""
+chunked loop (the CPU's kernel, which the tests above run) compute NumPy's grouped products.
+
+Cheap by design (the suite's budget): small shapes, and the compiled programs shared
+between tests (`_program`, `_dense_program`); XLA's ragged_dot is checked through the
+layer (the FSDP case), not on its own."""
 
 from __future__ import annotations
 
@@ -114,32 +118,43 @@ def test_the_module_has_the_interface_parameters_and_computes_in_its_dtype():
                                    param_dtype=jnp.float32, init_std=0.008,
                                    grouped=Grouped.RAGGED_DOT)  # the quickest to compile
   x = _params("random")[0]
-  variables = jax.jit(layer.init)(jax.random.key(0), x)
+  y, variables = jax.jit(layer.init_with_output)(jax.random.key(0), x)  # one compile
   shapes = jax.tree.map(lambda a: (a.shape, a.dtype.name), variables["params"])
   assert shapes == {"router": ((M, E), "float32"), "wi_gate": ((E, M, F), "float32"),
                     "wi_up": ((E, M, F), "float32"), "wo": ((E, F, M), "float32")}
   assert float(jnp.std(variables["params"]["wi_gate"])) == pytest.approx(0.008, rel=0.05)
-  y = jax.jit(layer.apply)(variables, x)
   assert y.shape == x.shape and y.dtype == jnp.bfloat16
 
 
-def test_megablox_gmm_and_the_chunked_loop_compute_ragged_dots_values_and_gradients():
-  # Rows past the groups (the last 40) are unspecified from gmm: they are left out.
+def test_megablox_gmm_and_the_chunked_loop_compute_the_grouped_products_and_gradients():
+  """Against NumPy: rows [0, 100) by w[0], none by w[1], [100, 160) by w[2], [160, 216)
+  by w[3]; the last 40 rows are in no group (unspecified from gmm: left out). The loss
+  sum(y[:216]^2) has gradients 2 y w^T (rows) and x^T 2 y (each group's matrix)."""
   rng = np.random.default_rng(2)
-  x = jnp.asarray(rng.normal(size=(256, 128)), jnp.float32)
-  w = jnp.asarray(rng.normal(size=(4, 128, 128)) / 8, jnp.float32)
-  sizes = jnp.asarray([100, 0, 60, 56], jnp.int32)
-  used = 216
+  x = rng.normal(size=(256, 128)).astype(np.float32)
+  w = (rng.normal(size=(4, 128, 128)) / 8).astype(np.float32)
+  bounds = [0, 100, 100, 160, 216]
+  used = bounds[-1]
+  want_y, want_gx, want_gw = np.zeros((used, 128)), np.zeros((used, 128)), np.zeros(w.shape)
+  for g in range(4):
+    rows = slice(bounds[g], bounds[g + 1])
+    want_y[rows] = x[rows].astype(np.float64) @ w[g]
+    want_gx[rows] = 2 * want_y[rows] @ w[g].T
+    want_gw[g] = x[rows].T.astype(np.float64) @ (2 * want_y[rows])
+  sizes = jnp.asarray(np.diff(bounds), jnp.int32)
 
   def run(kernel):
     mm = functools.partial(grouped_matmul, sizes_G=sizes, kernel=kernel, platform="cpu")
-    loss = lambda x, w: jnp.sum(mm(x, w)[:used] ** 2)  # noqa: E731
+
+    def loss(x, w):
+      return jnp.sum(mm(x, w)[:used] ** 2)
+
     return jax.jit(lambda x, w: (mm(x, w)[:used], jax.grad(loss, (0, 1))(x, w)))(x, w)
 
-  y_r, (gx_r, gw_r) = run(Grouped.RAGGED_DOT)
-  for kernel in (Grouped.GMM, Grouped.CHUNKED):
+  for kernel in (Grouped.GMM, Grouped.CHUNKED):  # ragged_dot: the FSDP case above
     y, (gx, gw) = run(kernel)
-    np.testing.assert_allclose(np.asarray(y), np.asarray(y_r), rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(np.asarray(gx)[:used], np.asarray(gx_r)[:used], rtol=1e-4,
-                               atol=1e-3)
-    np.testing.assert_allclose(np.asarray(gw), np.asarray(gw_r), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(np.asarray(y), want_y, rtol=1e-4, atol=1e-4, err_msg=kernel.value)
+    np.testing.assert_allclose(np.asarray(gx)[:used], want_gx, rtol=1e-4, atol=1e-3,
+                               err_msg=kernel.value)
+    np.testing.assert_allclose(np.asarray(gw), want_gw, rtol=1e-4, atol=1e-3,
+                               err_msg=kernel.value)

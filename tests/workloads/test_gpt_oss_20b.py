@@ -61,9 +61,15 @@ def _tiny(**kw):
 
 @pytest.fixture(scope="module")
 def tiny():
-  """(config, parameters) of a one-layer (sliding) GPT-OSS 24 wide, initialised once."""
+  """(config, parameters, step) of a one-layer (sliding) GPT-OSS 24 wide, initialised once;
+  step(params, {"tokens": [2, 17]}) is one compiled program the tests share: the loss, the
+  eval step's sums and the logits of the first 16 tokens."""
   cfg = dataclasses.replace(config.mini(), model=_tiny())
-  return cfg, jax.jit(lambda k: train.init(cfg, k)[0])(jax.random.key(0))
+  ctx = StepContext(mesh=None)
+  step = jax.jit(lambda p, b: (
+      train.loss(cfg, ctx, p, {}, b, jax.random.key(0))[0], train.eval_step(cfg, ctx, p, {}, b),
+      model.GptOss(cfg.model).apply({"params": p}, b["tokens"][:, :-1])))
+  return cfg, jax.jit(lambda k: train.init(cfg, k)[0])(jax.random.key(0)), step
 
 
 def test_attention_is_qk_normed_rotary_grouped_query_attention_in_its_window():
@@ -73,10 +79,19 @@ def test_attention_is_qk_normed_rotary_grouped_query_attention_in_its_window():
   x = rng.normal(size=(2, length, cfg.width)).astype(np.float32)
   freq = model.decoder.inverse_frequencies(cfg.rope_theta, cfg.head_dim)
   cos, sin = model.decoder.rope_tables(freq, length)
-  for sliding in (True, False):
-    layer = model.Attention(cfg, sliding)
-    params = jax.jit(layer.init)(jax.random.key(0), x, cos, sin)["params"]
-    got = np.asarray(jax.jit(layer.apply)({"params": params}, x, cos, sin))
+
+  def layers(x):  # both layers, and XLA's query blocks (model.attention_chunk): one compile
+    out = {}
+    for sliding in (True, False):
+      layer = model.Attention(cfg, sliding)
+      blocked = model.Attention(dataclasses.replace(cfg, attention_chunk=3), sliding)
+      params = layer.init(jax.random.key(0), x, cos, sin)["params"]
+      out[sliding] = (params, layer.apply({"params": params}, x, cos, sin),
+                      blocked.apply({"params": params}, x, cos, sin))
+    return out
+
+  for sliding, (params, got, got_blocked) in jax.jit(layers)(x).items():
+    got = np.asarray(got)
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
 
     def norm(t, scale):  # RMSNorm over each head's D channels
@@ -99,35 +114,30 @@ def test_attention_is_qk_normed_rotary_grouped_query_attention_in_its_window():
     want = np.einsum("blnd,ndh->blh", out, p["output"]["kernel"])
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
     # XLA's query blocks (model.attention_chunk) compute the same.
-    blocked = model.Attention(dataclasses.replace(cfg, attention_chunk=3), sliding)
-    np.testing.assert_allclose(jax.jit(blocked.apply)({"params": params}, x, cos, sin), got,
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(got_blocked), got, rtol=1e-5, atol=1e-6)
 
 
 def test_a_sliding_layer_never_sees_past_its_window(tiny):
   """One sliding layer: the logit at position i moves with token i - window and never
   with an earlier one (window + 1 keys: Transformer Engine's (window, 0))."""
-  full, params = tiny
-  cfg = full.model
-  net = model.GptOss(cfg)
-  tokens = jnp.asarray(np.random.default_rng(2).integers(1, cfg.vocab_size, (1, 12)), jnp.int32)
-  apply = jax.jit(lambda t: net.apply({"params": params}, t))
-  base, moved = (np.asarray(apply(t)) for t in (tokens, tokens.at[0, 2].set(tokens[0, 2] % 7 + 1)))
-  changed = np.abs(moved - base).max(-1)[0] > 1e-6
-  assert changed.tolist() == [False, False] + [True] * (cfg.window + 1) + [False] * (
-      12 - 3 - cfg.window)
+  full, params, step = tiny
+  window = full.model.window
+  tokens = np.random.default_rng(2).integers(1, full.model.vocab_size, (2, 17)).astype(np.int32)
+  moved = tokens.copy()
+  moved[0, 2] = tokens[0, 2] % 7 + 1  # never the end-of-document token (0)
+  base, after = (np.asarray(step(params, {"tokens": t})[2]) for t in (tokens, moved))
+  changed = np.abs(after - base).max(-1) > 1e-6
+  assert changed[0].tolist() == [False, False] + [True] * (window + 1) + [False] * (
+      16 - 3 - window)
+  assert not changed[1].any()
 
 
 def test_the_loss_leaves_out_positions_after_an_end_of_document(tiny):
-  cfg, params = tiny
+  cfg, params, step = tiny
   rng = np.random.default_rng(3)
   tokens = rng.integers(1, cfg.model.vocab_size, (2, 17)).astype(np.int32)
   tokens[0, 5] = tokens[1, 11] = cfg.data.eod_token  # inputs 5 and 11 predict nothing
-  batch = {"tokens": tokens}
-  ctx = StepContext(mesh=None)
-  loss, sums, logits = jax.jit(lambda p, b: (
-      train.loss(cfg, ctx, p, {}, b, jax.random.key(0))[0], train.eval_step(cfg, ctx, p, {}, b),
-      model.GptOss(cfg.model).apply({"params": p}, b["tokens"][:, :-1])))(params, batch)
+  loss, sums, logits = step(params, {"tokens": tokens})
   nll = -np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), tokens[:, 1:, None], -1)[..., 0]
   keep = np.ones_like(nll, bool)
   keep[0, 5] = keep[1, 11] = False

@@ -49,9 +49,9 @@ class Grouped(enum.Enum):
 ROW_TILES = (512, 256, 128)
 """gmm's row tiles, largest first: rows are padded to a multiple of the smallest."""
 WIDTH_TILE = 1024
+"""gmm's tile of the contracted and output widths (MaxText's default for megablox)."""
 CHUNK = 128
 """`chunked`'s rows a chunk, at most (fewer where a quarter of an even group is fewer)."""
-"""gmm's tile of the contracted and output widths (MaxText's default for megablox)."""
 
 
 def resolve(choice: Grouped, platform: str) -> Grouped:
