@@ -15,7 +15,8 @@ weight): `copy-start` its operand and its whole result (destination, source, con
 what it writes, a dynamic-update-slice its update read and written (in a fusion too: the
 rest of the buffer it updates in place is neither read nor written). Parameters,
 constants, tuples, tuple elements and bitcasts move nothing, nor do loops, calls and
-branches themselves (the ops they run do). A custom fusion holding a
+branches themselves (the ops they run do). A fusion reads of each operand what its fused
+ops take of it (XLA's FusionParameterReadBytes: a slice's slice, once for all plain uses). A custom fusion holding a
 gather moves what it gathers, read and written, and its indices; one holding a scatter its
 updates three times (read, the buffer read and written) and its indices.
 A Pallas kernel moves the bytes it declares (`pl.CostEstimate`), or, declaring none,
@@ -72,7 +73,8 @@ class Op:
   target: str = ""           # a custom call's target
   declared_bytes: int = -1   # what a Pallas kernel declares it moves (-1: nothing declared)
   trips: int = 1             # runs per run of the program (its loops' trip counts)
-  in_place: tuple[int, int] = (0, 0)  # a fusion's buffers updated in place: (unwritten, unread)
+  reads: tuple[int, ...] | None = None  # a fusion's bytes read of each operand (`fused`)
+  unwritten: int = 0         # a fusion's results updated in place: bytes not written
   gathers: tuple[str, int, int] = ("", 0, 0)  # a custom fusion's gather or scatter: (op, data
                                                # bytes, index bytes)
   read_bytes: int = 0        # filled in by `with_bytes`
@@ -181,31 +183,64 @@ def declared(backend_config: str) -> int:
   return int(m.group(1)) if m else -1
 
 
-def in_place(outs: Iterable[tuple[str, tuple[Array, ...], Any, Any]]) -> tuple[int, int]:
-  """(unwritten, unread) bytes of a fusion's outputs that dynamic-update-slice roots update
-  in place, from each output's (opcode, arrays, (buffer arrays, buffer opcode), (update
-  arrays, update opcode)): the buffer less the update is not written, and a buffer passed
-  in (a parameter) is not read."""
-  unwritten = unread = 0
-  for opcode, arrays, (base, base_op), (update, _) in outs:
-    if opcode == "dynamic-update-slice":
-      size = sum(a.nbytes for a in arrays)
-      unwritten += size - sum(a.nbytes for a in update)
-      unread += sum(a.nbytes for a in base) if base_op == "parameter" else 0
-  return unwritten, unread
+class Fused(NamedTuple):
+  """An instruction inside a fusion: name, opcode, arrays, operand names, parameter number
+  (-1: not a parameter)."""
+
+  name: str
+  opcode: str
+  arrays: tuple[Array, ...]
+  operands: tuple[str, ...]
+  param: int = -1
 
 
-def gathers(fused: Iterable[tuple[str, tuple[Array, ...], list[tuple[Array, ...]]]]
-             ) -> tuple[str, int, int]:
-  """A custom fusion's gather (what it gathers, its indices) or scatter (its updates, its
-  indices), from its fused (opcode, arrays, operands' arrays); ("", 0, 0) if neither."""
-  for opcode, arrays, operands in fused:
-    size = [sum(a.nbytes for a in x) for x in operands]
-    if opcode == "gather" and len(size) > 1:
-      return opcode, sum(a.nbytes for a in arrays), size[1]
-    if opcode == "scatter" and len(size) > 2:
-      return opcode, size[2], size[1]
-  return "", 0, 0
+def _size(arrays: Iterable[Array]) -> int:
+  return sum(a.nbytes for a in arrays)
+
+
+def _param_read(p: Fused, users: list[Fused], by_name: dict[str, Fused]) -> int:
+  """What a fusion reads of one operand, as XLA's FusionParameterReadBytes: what slices of
+  it take, a dynamic-slice's slice, nothing of a buffer updated in place, the whole
+  operand once for every broadcast or reshape of it and once for all its other users."""
+  total, seen = 0, False
+  for u in users:
+    if u.opcode == "slice" or (u.opcode == "dynamic-slice" and u.operands[0] == p.name):
+      total += _size(u.arrays)
+    elif u.opcode == "dynamic-update-slice" and u.operands[0] == p.name:
+      continue
+    elif u.opcode in ("broadcast", "reshape"):
+      total += _size(p.arrays)
+    elif not seen:
+      seen, total = True, total + _size(p.arrays)
+  return total
+
+
+def fused(instructions: list[Fused], root: str, custom: bool) -> dict[str, Any]:
+  """A fusion's `Op` fields from what it holds: the bytes it reads of each operand, the
+  bytes of its results that dynamic-update-slice roots leave unwritten (updated in place),
+  and, for a custom fusion, its gather or scatter: (op, what it gathers or its updates, its
+  indices)."""
+  by_name = {f.name: f for f in instructions}
+  users: dict[str, list[Fused]] = {}
+  for f in instructions:
+    for o in dict.fromkeys(f.operands):
+      users.setdefault(o, []).append(f)
+  params = sorted((f for f in instructions if f.param >= 0), key=lambda f: f.param)
+  top = by_name.get(root)
+  outs = ([by_name[o] for o in top.operands if o in by_name] if top and top.opcode == "tuple"
+          else [top] if top else [])
+  unwritten = sum(_size(r.arrays) - _size(by_name[r.operands[1]].arrays) for r in outs
+                  if r.opcode == "dynamic-update-slice" and r.operands[1] in by_name)
+  found = ("", 0, 0)
+  for f in instructions if custom else ():
+    sizes = [_size(by_name[o].arrays) if o in by_name else 0 for o in f.operands]
+    if f.opcode == "gather" and len(sizes) > 1:
+      found = ("gather", _size(f.arrays), sizes[1])
+    elif f.opcode == "scatter" and len(sizes) > 2:
+      found = ("scatter", sizes[2], sizes[1])
+  return {"fused_opcodes": frozenset(f.opcode for f in instructions), "unwritten": unwritten,
+          "reads": tuple(_param_read(p, users.get(p.name, []), by_name) for p in params),
+          "gathers": found}
 
 
 def from_text(text: str) -> list[Op]:
@@ -230,27 +265,18 @@ def from_text(text: str) -> list[Op]:
   def called(ins: _Line) -> list[str]:
     return [c.strip().lstrip("%") for m in _CALLED.findall(ins.attrs) for c in m.split(",")]
 
-  def updated(comp: str) -> tuple[int, int]:
-    lines, root = {i.name: i for i in comps.get(comp, [])}, roots.get(comp)
-    outs = ([lines.get(o) for o in root.operands] if root is not None and root.opcode == "tuple"
-            else [root])
-    return in_place((r.opcode, text_arrays(r.shape),
-                     *((text_arrays(lines[o].shape), lines[o].opcode) if o in lines else
-                       ((), "") for o in r.operands[:2]))
-                    for r in outs if r is not None and len(r.operands) > 1)
-
   def op_of(ins: _Line, trips: int) -> Op:
     comp = called(ins)[0] if ins.opcode == "fusion" and called(ins) else ""
-    fused = comps.get(comp, [])
+    lines = comps.get(comp, [])
     target = re.search(r'custom_call_target="([^"]*)"', ins.attrs)
-    lines = {i.name: i for i in fused}
-    custom = gathers((i.opcode, text_arrays(i.shape),
-                       [text_arrays(lines[o].shape) if o in lines else () for o in i.operands])
-                      for i in fused) if "kind=kCustom" in ins.attrs else ("", 0, 0)
+    more = fused([Fused(i.name, i.opcode, text_arrays(i.shape), tuple(i.operands),
+                        int(i.args) if i.opcode == "parameter" else -1) for i in lines],
+                 roots[comp].name if comp in roots else "",
+                 "kind=kCustom" in ins.attrs) if comp else {}
     return Op(ins.name, ins.opcode, text_arrays(ins.shape), tuple(ins.operands),
-              _op_name(ins.attrs), tuple(n for i in fused if (n := _op_name(i.attrs))),
-              frozenset(i.opcode for i in fused), target.group(1) if target else "",
-              declared(ins.attrs), trips, updated(comp) if comp else (0, 0), custom)
+              _op_name(ins.attrs), tuple(n for i in lines if (n := _op_name(i.attrs))),
+              target=target.group(1) if target else "", declared_bytes=declared(ins.attrs),
+              trips=trips, **more)
 
   def trip_count(ins: _Line) -> int:
     """The N of a loop whose condition's root is `i < N`, N a constant; 1 where it is not."""
@@ -298,6 +324,7 @@ def with_bytes(ops: list[Op]) -> list[Op]:
     elif op.gathers[0] == "scatter":
       written, read = op.gathers[1], 2 * op.gathers[1] + op.gathers[2]
     elif op.opcode == "fusion":
-      written, read = written - op.in_place[0], read - op.in_place[1]
+      written -= op.unwritten
+      read = read if op.reads is None else sum(op.reads)
     done.append(dataclasses.replace(op, read_bytes=read, written_bytes=written))
   return done

@@ -39,18 +39,14 @@ def ops(module: Any) -> list[Op]:
   by_id = {i.id: i for c in module.computations for i in c.instructions}
 
   def fusion(ins: Any) -> dict[str, Any]:
-    fused = list(comps[ins.called_computation_ids[0]].instructions)
-    root = by_id[comps[ins.called_computation_ids[0]].root_id]
-    outs = [by_id[o] for o in root.operand_ids] if root.opcode == "tuple" else [root]
-    place = hloops.in_place(
-        (r.opcode, arrays(r.shape),
-         *((arrays(by_id[o].shape), by_id[o].opcode) for o in r.operand_ids[:2]))
-        for r in outs if len(r.operand_ids) > 1)
-    custom = hloops.gathers((i.opcode, arrays(i.shape),
-                             [arrays(by_id[o].shape) for o in i.operand_ids]) for i in fused)
-    return {"fused_names": tuple(i.metadata.op_name for i in fused if i.metadata.op_name),
-            "fused_opcodes": frozenset(i.opcode for i in fused), "in_place": place,
-            "gathers": custom if ins.fusion_kind == "kCustom" else ("", 0, 0)}
+    comp = comps[ins.called_computation_ids[0]]
+    more = hloops.fused([hloops.Fused(i.name, i.opcode, arrays(i.shape),
+                                      tuple(by_id[o].name for o in i.operand_ids),
+                                      i.parameter_number if i.opcode == "parameter" else -1)
+                         for i in comp.instructions], by_id[comp.root_id].name,
+                        ins.fusion_kind == "kCustom")
+    return {**more, "fused_names": tuple(i.metadata.op_name for i in comp.instructions
+                                         if i.metadata.op_name)}
 
   def op_of(ins: Any, trips: int) -> Op:
     opcode = ins.opcode
