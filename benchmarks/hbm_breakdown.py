@@ -6,8 +6,11 @@ variant, no TPU needed) and prints, per variant: the compute and HBM bounds, XLA
 corrected step estimate, the predicted step, sequences/s and time to train, the train
 step's temporaries, and its HBM bytes by kind (mlbench/pod/hbm.py: attention, matmuls,
 norms and elementwise, embeddings and heads, the optimizer update, collectives, ...), with
-the bytes a numbered layer adds. Compiles are deterministic: a row saved by an earlier
-commit (`--save`, `--compare FILE`) compares with one measured now.
+the bytes a numbered layer adds. XLA counts a loop's body once: the last column gives the
+bounds with the bytes of the loop's repeats and with no fewer FLOPs than the model's
+(analytic) count, what the step runs (the predicted step stays on XLA's counts, as `check`
+and the time model's calibration use them). Compiles are deterministic: a row saved by an
+earlier commit (`--save`, `--compare FILE`) compares with one measured now.
 
 Variants (`--variant`, repeatable; default: today and weight-update):
 - today: the config as it is (attention on XLA where it drops out);
@@ -86,7 +89,17 @@ def row(name: str, r: dict) -> dict:
   per_layer = {}
   if b.get("layers"):
     per_layer = {k: v / b["layers"] for k, v in b["in_layers"].items()}
+  devices = 1
+  for n in r["mesh"].values():
+    devices *= n
+  # XLA counts a loop's body once: the bounds with its repeats' bytes, and with no fewer
+  # FLOPs than the model's (the analytic count), are what the step runs.
+  repeats = b.get("loop_repeats", 0.0) / (b.get("total") or 1.0)
+  model = p["model_flops_per_step"] / max(train["flops"] or 1.0, 1.0)
   return {"name": name, "compute_ms": 1e3 * roof["compute_s"], "hbm_ms": 1e3 * roof["hbm_s"],
+          "compute_runs_ms": 1e3 * roof["compute_s"] * max(1.0, model),
+          "hbm_runs_ms": 1e3 * roof["hbm_s"] * (1.0 + repeats), "devices": devices,
+          "xla_flops": train["flops"], "model_flops": p["model_flops_per_step"],
           "xla_ms": None if train["xla_seconds"] is None else 1e3 * train["xla_seconds"],
           "xla_note": train["xla_note"], "step_ms": 1e3 * p["step_s"],
           "samples_per_s": p["samples_per_s"], "ttt_min": (p["time_to_train_s"] or 0) / 60,
@@ -103,12 +116,16 @@ def row(name: str, r: dict) -> dict:
 
 def print_tables(title: str, rows: list[dict]) -> None:
   print(f"\n{title}\n\n| variant | compute bound | HBM bound | HBM / compute | XLA's estimate "
-        "| predicted step | sequences/s | time to train | temporaries |\n" + "|---" * 9 + "|")
+        "| predicted step | sequences/s | time to train | temporaries | bounds with loop "
+        "repeats, model FLOPs |\n" + "|---" * 10 + "|")
   for r in rows:
     xla = f"{r['xla_ms']:.2f} ms" if r["xla_ms"] is not None else f"- ({r['xla_note'][:60]})"
+    runs = (f"{r['compute_runs_ms']:.2f}, {r['hbm_runs_ms']:.2f} ms"
+            if "hbm_runs_ms" in r else "-")
     print(f"| {r['name']} | {r['compute_ms']:.2f} ms | {r['hbm_ms']:.2f} ms | "
           f"{r['hbm_ms'] / r['compute_ms']:.2f}x | {xla} | {r['step_ms']:.2f} ms | "
-          f"{r['samples_per_s']:,.0f} | {r['ttt_min']:.2f} min | {r['temp_gib']:.2f} GiB |")
+          f"{r['samples_per_s']:,.0f} | {r['ttt_min']:.2f} min | {r['temp_gib']:.2f} GiB | "
+          f"{runs} |")
   print("\nHBM GB per device per step, by kind (XLA's count; per numbered layer in brackets)\n\n"
         "| variant | total | " + " | ".join(SHORT) + " | of all: between memories | in "
         "memory space 0 | loops' repeats (not counted) |\n" + "|---" * (len(SHORT) + 5) + "|")
