@@ -118,6 +118,11 @@ def test_a_reduced_bert_large_compiles_for_a_v4_slice(mlbench, tmp_path):
   # padded; packed rows add the segment masks' comparisons).
   assert train["flops"] == pytest.approx(12 * 1.95 * per_example, rel=0.06)
   assert train["collectives"]["all-reduce"] > 0
+  # The reference's attention dropout trains on the dropout kernel, which declares its cost:
+  # XLA's step estimate counts it (eval's splash kernels declare none: no estimate there).
+  assert any(line.startswith("train step: ") and "dropout 0.1: pallas - " in line
+             for line in report["attention"]), report["attention"]
+  assert train["xla_seconds"] is not None and report["programs"][1]["xla_seconds"] is None
   assert report["prediction"]["model_flops_per_step"] == pytest.approx(16 * per_example)
   dtypes = train["matmul_input_dtypes"]
   assert dtypes.get("bf16", 0) > 0.8 * sum(dtypes.values()), dtypes

@@ -93,8 +93,9 @@ class Attention(nn.Module):
       k_BSND, v_BSND, masks, causal = self._cached(k_BSND, v_BSND, masks, causal)
     dropout = None
     if not deterministic and self.dropout > 0.0:
+      # The kernel draws its mask from this layer's key for the step; XLA keeps flax's.
       drop = functools.partial(nn.Dropout(self.dropout), deterministic=False)
-      dropout = attention.Dropout(self.dropout, drop)
+      dropout = attention.Dropout(self.dropout, self.make_rng("dropout"), apply=drop)
     out_BLND = attention.attend(q_BLND, k_BSND, v_BSND, name=self.what,
                                 implementation=self.implementation, mesh=self.mesh,
                                 causal=causal, dropout=dropout, **masks)

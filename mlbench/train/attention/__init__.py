@@ -8,12 +8,16 @@ platform has that can serve the call's shape and masks, and says which one and w
   masks as sequence lengths, grouped-query attention, other masks as a bias;
 - TPUs: the Pallas kernels (`mlbench.train.attention.tpu`): splash attention (causal,
   padding and packed sequences as segment ids, grouped-query heads), flash attention
-  where the call adds a bias, each under `shard_map` over the mesh's batch and head axes;
+  where the call adds a bias, and, for training with attention dropout (BERT's and the
+  Transformer's reference 0.1), mlbench's own fused kernel that drops out inside
+  (`dropout_kernel`: masks drawn from the layer's key for the step by a hash of each
+  score's coordinates, `dropout_bits`, drawn again in the backward pass, never stored);
+  each under `shard_map` over the mesh's batch and head axes;
 - CPUs and anything a kernel cannot serve: XLA's own attention, which materialises the
-  L x S scores.
-No fused kernel here can drop out attention probabilities, so a training call with
-attention dropout (BERT's and the Transformer's reference 0.1) runs on XLA, and says so.
-XLA's paths live in `xla`, the TPU kernels in `tpu`.
+  L x S scores (with dropout, its [B, N, L, S] mask and random bits too).
+On GPUs a call with attention dropout stays on XLA: cuDNN's dropout seed is a Python int
+fixed in the compiled program, and no GPU run here has shown its masks change per step.
+XLA's paths live in `xla`, the TPU kernels in `tpu` and `dropout_kernel`.
 `--set model.attention=auto|xla|cudnn|pallas` overrides; a forced kernel that cannot serve
 a call is a one-line error. `recording()` collects the choices made while programs are
 traced, for `mlbench check` and the run's log.
@@ -131,6 +135,8 @@ def choose(requested: AttentionImpl, platform: str, site: Site, *, stages: int =
 def _kernel_name(impl: AttentionImpl, site: Site) -> str:
   if impl is AttentionImpl.CUDNN:
     return "cuDNN fused flash attention"
+  if site.dropout:
+    return "Pallas fused attention with the dropout in the kernel (mlbench's)"
   return "Pallas flash attention (with the bias)" if site.bias else "Pallas splash attention"
 
 
@@ -140,9 +146,11 @@ def _cannot(impl: AttentionImpl, site: Site, platform: str, stages: int) -> str:
     return f"cuDNN runs on NVIDIA GPUs, this program is for {platform}"
   if impl is AttentionImpl.PALLAS and platform not in ("tpu", "cpu"):
     return f"the Pallas attention kernels are TPU kernels, this program is for {platform}"
-  if site.dropout:
-    return (f"attention dropout {site.dropout:g} in training (the reference's), which the "
-            "fused kernels cannot apply")
+  if site.dropout and impl is AttentionImpl.CUDNN:
+    return (f"attention dropout {site.dropout:g} in training: cuDNN's dropout seed is a "
+            "Python int in the compiled program's backend config (jax's "
+            "fused_attention_stablehlo), and no GPU run here has shown its masks change "
+            "from step to step")
   if impl is AttentionImpl.CUDNN:
     return _cannot_cudnn(site)
   return _cannot_pallas(site, stages)
@@ -262,7 +270,8 @@ def attend(q_BLND: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *,
   if choice.implementation is AttentionImpl.PALLAS:
     from mlbench.train.attention import tpu
 
-    return tpu.attend(q_BLND, k_BSKD, v_BSKD, mesh=mesh, interpret=platform != "tpu", **masks)
+    return tpu.attend(q_BLND, k_BSKD, v_BSKD, mesh=mesh, interpret=platform != "tpu",
+                      dropout=dropout, **masks)
   if choice.implementation is AttentionImpl.CUDNN:
     return _cudnn(q_BLND, k_BSKD, v_BSKD, **masks)
   return xla.attend(q_BLND, k_BSKD, v_BSKD, dropout=dropout, chunk=chunk, **masks)

@@ -5,10 +5,12 @@ without a bias: causal masks as block-sparse masks (the fully masked blocks are 
 padding and packed sequences as segment ids, grouped-query heads as one multi-query kernel
 per key/value head (its queries share the keys, as MaxText runs it). Flash attention
 (`...ops.tpu.flash_attention`) serves calls that add a bias to the logits, which splash
-cannot take. Both run per device under `jax.shard_map`: rows split over the mesh's batch
-axes, heads over `model` where it divides them, the rest whole, so GSPMD never has to
-partition a kernel it cannot see into. Block sizes are the largest of 512, 256 and 128
-that divide the sequence (512 is MaxText's default for splash on v4/v5p).
+cannot take. A training call with attention dropout runs mlbench's own kernel
+(`dropout_kernel`), its random bits numbered by global row and head so that every device
+draws its own share of one mask. All run per device under `jax.shard_map`: rows split over
+the mesh's batch axes, heads over `model` where it divides them, the rest whole, so GSPMD
+never has to partition a kernel it cannot see into. Block sizes are the largest of 512,
+256 and 128 that divide the sequence (512 is MaxText's default for splash on v4/v5p).
 
 On a CPU the kernels run in Pallas's TPU interpreter: slow, and only for checking them
 against XLA (tests, `--set model.attention=pallas` on a CPU).
@@ -25,6 +27,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from mlbench.train.attention import dropout_bits, dropout_kernel
+
 BLOCKS = (512, 256, 128)
 """Kernel block sizes, largest first; a sequence must be a multiple of the smallest."""
 
@@ -34,6 +38,13 @@ def cannot(site: Any) -> str:
   if site.q_len % BLOCKS[-1] or site.kv_len % BLOCKS[-1]:
     return (f"{site.q_len} x {site.kv_len} tokens; the kernels need multiples of "
             f"{BLOCKS[-1]} on both sides")
+  if site.dropout and site.bias:
+    return (f"attention dropout {site.dropout:g} with a bias; the dropout kernel takes "
+            "causal, padding and segment masks, no bias")
+  if site.dropout and site.kv_len * site.head_dim > dropout_kernel.MAX_ROW_ELEMENTS:
+    return (f"attention dropout {site.dropout:g} over {site.kv_len} keys of {site.head_dim}; "
+            "the dropout kernel holds a row's keys whole in VMEM, at most "
+            f"{dropout_kernel.MAX_ROW_ELEMENTS:,} key elements")
   return ""
 
 
@@ -45,30 +56,54 @@ def block(length: int) -> int:
 def attend(q_BLND: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *, mesh: Any,
            interpret: bool, causal: bool, kv_lengths_B: jax.Array | None,
            q_segments_BL: jax.Array | None, kv_segments_BS: jax.Array | None,
-           bias: jax.Array | None) -> jax.Array:
-  """Attention [B, L, N, D] by splash (no bias) or flash (bias) attention, per device."""
+           bias: jax.Array | None, dropout: Any = None) -> jax.Array:
+  """Attention [B, L, N, D] per device: by the dropout kernel (an `attention.Dropout`
+  with a rate), else splash (no bias) or flash (bias) attention."""
   batch, length, heads, head_dim = q_BLND.shape
   kv_len, kv_heads = k_BSKD.shape[1], k_BSKD.shape[2]
   q_seg, kv_seg = _segments(batch, length, kv_len, kv_lengths_B, q_segments_BL,
                             kv_segments_BS)
   # Scaled before the kernel: flash attention scales the biased logits, splash not at all.
   q_BLND = q_BLND * jnp.asarray(head_dim ** -0.5, q_BLND.dtype)
-  kernel = functools.partial(_flash if bias is not None else _splash, causal=causal,
-                             interpret=interpret)
   rows, head_axis = _split(mesh, batch, heads, kv_heads)
-  if not rows and head_axis is None:
-    return kernel(q_BLND, k_BSKD, v_BSKD, q_seg, kv_seg, bias)
   from jax.sharding import PartitionSpec as P
 
+  if dropout is not None and dropout.rate:
+    kernel = functools.partial(_dropping, causal=causal, rate=dropout.rate, heads=heads,
+                               rows=rows, head_axis=head_axis, interpret=interpret)
+    extra, extra_spec = dropout_bits.seeds(dropout.key), P()
+  else:
+    kernel = functools.partial(_flash if bias is not None else _splash, causal=causal,
+                               interpret=interpret)
+    extra, extra_spec = bias, None
+    if bias is not None:
+      extra_spec = P(rows or None if bias.shape[0] == batch else None,
+                     head_axis if bias.shape[1] == heads else None, None, None)
+  if not rows and head_axis is None:
+    return kernel(q_BLND, k_BSKD, v_BSKD, q_seg, kv_seg, extra)
   qkv = P(rows or None, None, head_axis, None)
   seg = None if q_seg is None else P(rows or None, None)
-  bias_spec = None
-  if bias is not None:
-    bias_spec = P(rows or None if bias.shape[0] == batch else None,
-                  head_axis if bias.shape[1] == heads else None, None, None)
-  fn = jax.shard_map(kernel, mesh=mesh, in_specs=(qkv, qkv, qkv, seg, seg, bias_spec),
+  fn = jax.shard_map(kernel, mesh=mesh, in_specs=(qkv, qkv, qkv, seg, seg, extra_spec),
                      out_specs=qkv, check_vma=False)
-  return fn(q_BLND, k_BSKD, v_BSKD, q_seg, kv_seg, bias)
+  return fn(q_BLND, k_BSKD, v_BSKD, q_seg, kv_seg, extra)
+
+
+def _dropping(q_BLND: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
+              q_seg: jax.Array | None, kv_seg: jax.Array | None, seed: jax.Array, *,
+              causal: bool, rate: float, heads: int, rows: tuple[str, ...],
+              head_axis: str | None, interpret: bool) -> jax.Array:
+  """The dropout kernel on this device's rows and heads, its random bits numbered by
+  global row and head (`heads`: all of them), so no two devices draw the same mask."""
+  first_row = jax.lax.axis_index(rows) * q_BLND.shape[0] if rows else 0
+  first_head = jax.lax.axis_index(head_axis) * q_BLND.shape[2] if head_axis else 0
+  scalars = jnp.concatenate([seed, jnp.stack([jnp.asarray(first_row, jnp.int32),
+                                              jnp.asarray(first_head, jnp.int32)])])
+  spec = dropout_kernel.Spec(causal=causal, rate=rate, heads=heads,
+                             segments=q_seg is not None, interpret=interpret)
+  seg = [None, None] if q_seg is None else [q_seg[:, None, :], kv_seg[:, None, :]]
+  out_BNLD = dropout_kernel.attend(spec, *(x.transpose(0, 2, 1, 3)
+                                           for x in (q_BLND, k_BSKD, v_BSKD)), *seg, scalars)
+  return out_BNLD.transpose(0, 2, 1, 3)
 
 
 def _split(mesh: Any, batch: int, heads: int, kv_heads: int) -> tuple[tuple[str, ...],

@@ -25,10 +25,26 @@ NEG_INF = -1e9
 
 @dataclasses.dataclass(frozen=True)
 class Dropout:
-  """Dropout on the attention probabilities: `apply(probs) -> probs` at `rate`."""
+  """Dropout on the attention probabilities at `rate`, in training.
+
+  `key` is the layer's dropout key for this step (flax's `make_rng("dropout")`: it differs
+  from step to step and layer to layer); the fused TPU kernel draws its mask from it
+  (`dropout_bits`: per row, head, query and key). `apply(probs) -> probs` is how XLA
+  drops [B, N, L, S] probabilities (a workload's own `nn.Dropout`, unchanged since before
+  the kernel); None: with the kernel's very mask, so XLA and the kernel compute the same
+  function (the tests' reference)."""
 
   rate: float
-  apply: Callable[[jax.Array], jax.Array]
+  key: jax.Array
+  apply: Callable[[jax.Array], jax.Array] | None = None
+
+  def on_probs(self) -> Callable[[jax.Array], jax.Array]:
+    """XLA's dropout of [B, N, L, S] probabilities."""
+    if self.apply is not None:
+      return self.apply
+    from mlbench.train.attention import dropout_bits
+
+    return functools.partial(dropout_bits.apply, dropout_bits.seeds(self.key), self.rate)
 
 
 def allowed_mask(q_len: int, kv_len: int, *, causal: bool = False,
@@ -69,7 +85,7 @@ def attend(q_BLND: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *, causal: b
                       for x in (k_BSKD, v_BSKD))
     return attention_with_dropout(q_BLND, k_BSND, v_BSND,
                                   None if mask is None and bias is None else total,
-                                  dropout.apply)
+                                  dropout.on_probs())
   if chunk and causal and not padded and bias is None and chunk < length:
     return _chunked_causal(q_BLND, k_BSKD, v_BSKD, chunk)
   mask = allowed_mask(length, kv_len, kv_lengths_B=kv_lengths_B, q_segments_BL=q_segments_BL,
