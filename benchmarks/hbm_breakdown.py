@@ -102,6 +102,8 @@ def row(name: str, r: dict) -> dict:
           "xla_flops": train["flops"], "model_flops": p["model_flops_per_step"],
           "xla_ms": None if train["xla_seconds"] is None else 1e3 * train["xla_seconds"],
           "xla_note": train["xla_note"], "step_ms": 1e3 * p["step_s"],
+          "terms_ms": [1e3 * (p.get("terms") or {}).get(k, 0.0)
+                       for k in ("compute_s", "memory_s", "fixed_s", "collective_s")],
           "samples_per_s": p["samples_per_s"], "ttt_min": (p["time_to_train_s"] or 0) / 60,
           "temp_gib": train["temp_bytes"] / 2**30, "hbm_gb": (b.get("total") or 0) / 1e9,
           "parts_gb": {k: v / 1e9 for k, v in (b.get("parts") or {}).items()},
@@ -116,14 +118,16 @@ def row(name: str, r: dict) -> dict:
 
 def print_tables(title: str, rows: list[dict]) -> None:
   print(f"\n{title}\n\n| variant | compute bound | HBM bound | HBM / compute | XLA's estimate "
-        "| predicted step | sequences/s | time to train | temporaries | bounds with loop "
-        "repeats, model FLOPs |\n" + "|---" * 10 + "|")
+        "| predicted step (compute at eta, HBM term, fixed, collectives) | sequences/s "
+        "| time to train | temporaries | bounds with loop repeats, model FLOPs |\n"
+        + "|---" * 10 + "|")
   for r in rows:
     xla = f"{r['xla_ms']:.2f} ms" if r["xla_ms"] is not None else f"- ({r['xla_note'][:60]})"
     runs = (f"{r['compute_runs_ms']:.2f}, {r['hbm_runs_ms']:.2f} ms"
             if "hbm_runs_ms" in r else "-")
+    terms = ", ".join(f"{t:.1f}" for t in r.get("terms_ms", ()))
     print(f"| {r['name']} | {r['compute_ms']:.2f} ms | {r['hbm_ms']:.2f} ms | "
-          f"{r['hbm_ms'] / r['compute_ms']:.2f}x | {xla} | {r['step_ms']:.2f} ms | "
+          f"{r['hbm_ms'] / r['compute_ms']:.2f}x | {xla} | {r['step_ms']:.2f} ms ({terms}) | "
           f"{r['samples_per_s']:,.0f} | {r['ttt_min']:.2f} min | {r['temp_gib']:.2f} GiB | "
           f"{runs} |")
   print("\nHBM GB per device per step, by kind (XLA's count; per numbered layer in brackets)\n\n"

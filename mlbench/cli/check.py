@@ -223,10 +223,14 @@ def _print_prediction(p, train, console) -> None:
       f"topology {_ms(r.collective_s)} ({r.limit}-bound); XLA's estimate {xla}", highlight=False)
   c = p.provenance
   console.print(
-      f"predicted step {_ms(t.step_s)} = device {_ms(t.device_step_s)} (bound / efficiency) + "
+      f"predicted step {_ms(t.step_s)} = device {_ms(t.device_step_s)} + "
       f"exposed collectives {_ms(t.collective_s)} + host/dispatch {_ms(t.overhead_s)}; input "
       f"decode needs {_ms(t.input_step_s)} per step ("
       f"{'[red]input-bound[/]' if t.input_bound else 'not input-bound'})", highlight=False)
+  console.print(
+      f"device step {_ms(t.device_step_s)} = fixed work {_ms(t.fixed_s)} + soft maximum of "
+      f"compute at the fitted efficiency {_ms(t.compute_s)} and HBM {_ms(t.memory_s)} (the "
+      "bytes beyond the weights' fixed traffic at the fitted bandwidth factor)", highlight=False)
   if not p.collectives_known:
     console.print("model-axis collectives unknown (XLA could not print the program): the "
                   "prediction counts only the gradient all-reduce", highlight=False)
