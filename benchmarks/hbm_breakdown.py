@@ -3,7 +3,9 @@
 Compiles a full config (optionally reduced: fewer layers, a smaller slice and batch) for a
 TPU slice with libtpu (`mlbench check --topology ... --json`, one fresh process per
 variant, no TPU needed) and prints, per variant: the compute and HBM bounds, XLA's
-corrected step estimate, the predicted step, sequences/s and time to train, the train
+corrected step estimate, the predicted step with the time model's terms (compute at the
+fitted efficiency, the HBM term, fixed work, exposed collectives: below the ridge the
+step follows the compute term, benchmarks/README.md), sequences/s and time to train, the train
 step's temporaries, and its HBM bytes by kind (mlbench/pod/hbm.py: attention, matmuls,
 norms and elementwise, embeddings and heads, the optimizer update, collectives, ...), with
 the bytes a numbered layer adds. XLA counts a loop's body once: the last column gives the
