@@ -128,8 +128,9 @@ def print_tables(title: str, rows: list[dict]) -> None:
     runs = (f"{r['compute_runs_ms']:.2f}, {r['hbm_runs_ms']:.2f} ms"
             if "hbm_runs_ms" in r else "-")
     terms = ", ".join(f"{t:.1f}" for t in r.get("terms_ms", ()))
+    terms = f" ({terms})" if terms else ""
     print(f"| {r['name']} | {r['compute_ms']:.2f} ms | {r['hbm_ms']:.2f} ms | "
-          f"{r['hbm_ms'] / r['compute_ms']:.2f}x | {xla} | {r['step_ms']:.2f} ms ({terms}) | "
+          f"{r['hbm_ms'] / r['compute_ms']:.2f}x | {xla} | {r['step_ms']:.2f} ms{terms} | "
           f"{r['samples_per_s']:,.0f} | {r['ttt_min']:.2f} min | {r['temp_gib']:.2f} GiB | "
           f"{runs} |")
   print("\nHBM GB per device per step, by kind (XLA's count; per numbered layer in brackets)\n\n"
