@@ -169,6 +169,7 @@ def _print(report, console) -> None:
     _print_fit(report, console)
   if report.prediction is not None:
     _print_prediction(report.prediction, report.programs[0], console)
+  _print_hbm(report, console)
 
 
 def _collective(p, op: str) -> str:
@@ -224,10 +225,14 @@ def _print_prediction(p, train, console) -> None:
       f"topology {_ms(r.collective_s)} ({r.limit}-bound); XLA's estimate {xla}", highlight=False)
   c = p.provenance
   console.print(
-      f"predicted step {_ms(t.step_s)} = device {_ms(t.device_step_s)} (bound / efficiency) + "
+      f"predicted step {_ms(t.step_s)} = device {_ms(t.device_step_s)} + "
       f"exposed collectives {_ms(t.collective_s)} + host/dispatch {_ms(t.overhead_s)}; input "
       f"decode needs {_ms(t.input_step_s)} per step ("
       f"{'[red]input-bound[/]' if t.input_bound else 'not input-bound'})", highlight=False)
+  console.print(
+      f"device step {_ms(t.device_step_s)} = fixed work {_ms(t.fixed_s)} + soft maximum of "
+      f"compute at the fitted efficiency {_ms(t.compute_s)} and HBM {_ms(t.memory_s)} (the "
+      "bytes beyond the weights' fixed traffic at the fitted bandwidth factor)", highlight=False)
   if not p.collectives_known:
     console.print("model-axis collectives unknown (XLA could not print the program): the "
                   "prediction counts only the gradient all-reduce", highlight=False)
@@ -249,3 +254,43 @@ def _print_prediction(p, train, console) -> None:
   if u.get("extrapolated"):
     console.print(f"[yellow]extrapolated[/]: {'; '.join(u['extrapolated'])}; band widened to "
                   f"x/÷ {u['band_factor']:.2f} ({u['rule']})", highlight=False)
+
+
+def _print_hbm(report, console) -> None:
+  """The train step's HBM bytes by kind (mlbench/pod/hbm.py), with each kind's share of
+  the HBM bound where there is a prediction."""
+  from rich.table import Table
+
+  from mlbench.pod import hbm
+
+  b = report.programs[0].hbm
+  if b is None or not b.total:
+    return
+  hbm_s = report.prediction.roofline.hbm_s if report.prediction is not None else None
+  memory = "HBM" if report.hbm_bytes_per_device else "memory"
+  layers = f", of which in its {b.layers} numbered layers" if b.layers else ""
+  table = Table(title=f"train step {memory} bytes by kind (per device, XLA's count{layers})",
+                title_justify="left")
+  for col in ("kind", "GB", "share", *(("ms of the HBM bound",) if hbm_s else ()),
+              *(("in layers, GB",) if b.layers else ())):
+    table.add_column(col, justify="left" if col == "kind" else "right")
+  for kind in (*hbm.KINDS, hbm.UNATTRIBUTED):
+    part = b.parts.get(kind, 0.0)
+    table.add_row(kind, f"{part / 1e9:,.2f}", f"{100 * part / b.total:.1f}%",
+                  *((f"{1e3 * hbm_s * part / b.total:,.2f}",) if hbm_s else ()),
+                  *((f"{b.in_layers.get(kind, 0.0) / 1e9:,.2f}",) if b.layers else ()))
+  table.add_row("total", f"{b.total / 1e9:,.2f}", "100.0%",
+                *((f"{1e3 * hbm_s:,.2f}",) if hbm_s else ()),
+                *((f"{sum(b.in_layers.values()) / 1e9:,.2f}",) if b.layers else ()))
+  console.print(table)
+  if b.between_memories:
+    spaces = ", ".join(f"{n / 1e9:,.2f} GB in memory space {k}"
+                       for k, n in b.by_memory_space.items() if n >= 1e6)
+    console.print(f"of these, {b.between_memories / 1e9:,.2f} GB are prefetches and evictions "
+                  "between memories (copy-start/done, slice-start/done), as XLA counts them, "
+                  f"under the kind of the op they serve; by where the bytes are: {spaces} (0 is "
+                  "HBM)", highlight=False)
+  if b.loop_repeats:
+    console.print(f"[yellow]XLA counts a loop's body once[/]: its further runs move "
+                  f"{b.loop_repeats / 1e9:,.2f} GB more a step, in no part above and not in the "
+                  "HBM bound", highlight=False)

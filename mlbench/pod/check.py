@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from mlbench import accelerators, fields
 from mlbench.errors import UserError
-from mlbench.pod import (estimate, hlo, predict as predict_lib, quiet, timemodel, uncertainty,
-                        xlacost)
+from mlbench.pod import (estimate, hbm, hlo, hloops, hloproto, predict as predict_lib, quiet,
+                        timemodel, uncertainty, xlacost)
 from mlbench.pod.hlo import COLLECTIVES
 
 if TYPE_CHECKING:
@@ -53,6 +53,7 @@ class ProgramReport:
   collective_source: str = "HLO text"  # or "HLO module proto", "unknown"
   collective_group_bytes: dict[int, int] = dataclasses.field(default_factory=dict)
   xla_error: str = ""        # what XLA said when it could not print the program
+  hbm: hbm.Breakdown | None = None  # bytes_accessed by kind (None: the program was unread)
 
   @property
   def peak_bytes(self) -> int:
@@ -112,45 +113,61 @@ def collectives(hlo_text: str) -> dict[str, int]:
   return hlo.collectives(hlo_text).count
 
 
-def _read_program(compiled: Any, devices: int
-                  ) -> tuple[str, hlo.Collectives | None, xlacost.CustomCalls | None, str, str]:
-  """(HLO text, collectives, custom calls, where they were read, XLA's error): the text if
-  XLA can print the program, else its module proto read with protobuf; XLA's C++
-  messages kept off the terminal either way."""
+@dataclasses.dataclass(frozen=True)
+class _Read:
+  """What check reads from a compiled program: its text (empty where XLA cannot print
+  it), collectives, custom calls and ops (None: unread), where they were read from, and
+  what XLA said when it could not print the program."""
+
+  text: str
+  collectives: hlo.Collectives | None
+  calls: xlacost.CustomCalls | None
+  ops: list[hloops.Op] | None
+  source: str
+  error: str = ""
+
+
+def _read_program(compiled: Any, devices: int) -> _Read:
+  """The program's text if XLA can print it, else its module proto read with protobuf;
+  XLA's C++ messages kept off the terminal either way."""
   with quiet.captured() as noise:
     try:
       text = compiled.as_text()
-      return text, hlo.collectives(text, devices), xlacost.custom_calls(text), "HLO text", ""
+      return _Read(text, hlo.collectives(text, devices), xlacost.custom_calls(text),
+                   hloops.from_text(text), "HLO text")
     except Exception:  # jaxlib fails to re-read some libtpu programs (async ops)
       pass
     try:
       proto = compiled.runtime_executable().hlo_modules()[0].as_serialized_hlo_module_proto()
-      coll = hlo.collectives_from_proto(proto, devices)
-      calls, source = xlacost.custom_calls_from_proto(proto), "HLO module proto"
+      read = _Read("", hlo.collectives_from_proto(proto, devices),
+                   xlacost.custom_calls_from_proto(proto),
+                   hloproto.ops(hlo.module_proto(proto)), "HLO module proto")
     except Exception:
-      coll, calls, source = None, None, "unknown"
-  return "", coll, calls, source, noise.first_error() or "XLA could not print the program"
+      read = _Read("", None, None, None, "unknown")
+  return dataclasses.replace(read, error=noise.first_error() or "XLA could not print the program")
 
 
 def _program(name: str, compiled: Any, devices: int) -> ProgramReport:
   mem = compiled.memory_analysis()
   cost = xlacost.cost_analysis(compiled)
-  text, coll, calls, source, error = _read_program(compiled, devices)
+  read = _read_program(compiled, devices)
   empty = hlo.Collectives(count=dict.fromkeys(COLLECTIVES, 0), result_bytes={}, wire_bytes={})
-  coll = coll or empty
-  flops = cost.get("flops")
+  coll = read.collectives or empty
+  flops, accessed = cost.get("flops"), cost.get("bytes accessed")
   # libtpu books -1 s for each ConcatBitcast and nothing for a Pallas kernel: see xlacost.
-  xla = xlacost.estimate(cost.get("optimal_seconds"), calls)
+  xla = xlacost.estimate(cost.get("optimal_seconds"), read.calls)
   return ProgramReport(
       name=name, flops=None if flops is None else float(flops) * devices,
       argument_bytes=int(mem.argument_size_in_bytes), output_bytes=int(mem.output_size_in_bytes),
       alias_bytes=int(mem.alias_size_in_bytes), temp_bytes=int(mem.temp_size_in_bytes),
       code_bytes=int(mem.generated_code_size_in_bytes), collectives=coll.count,
       collective_bytes=coll.result_bytes, collective_wire_bytes=coll.wire_bytes,
-      bytes_accessed=cost.get("bytes accessed"), xla_seconds=xla.seconds,
+      bytes_accessed=accessed, xla_seconds=xla.seconds,
       xla_raw_seconds=xla.raw_seconds, xla_concat_bitcasts=xla.concat_bitcasts, xla_note=xla.note,
-      matmul_input_dtypes=hlo.matmul_input_dtypes(text), hlo_readable=source != "unknown",
-      collective_source=source, collective_group_bytes=dict(coll.by_group), xla_error=error)
+      matmul_input_dtypes=hlo.matmul_input_dtypes(read.text),
+      hlo_readable=read.source != "unknown", collective_source=read.source,
+      collective_group_bytes=dict(coll.by_group), xla_error=read.error,
+      hbm=None if read.ops is None or accessed is None else hbm.breakdown(read.ops, accessed))
 
 
 class DoesNotFit(UserError):

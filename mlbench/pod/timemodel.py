@@ -133,9 +133,18 @@ class StepCost:
                  hbm: float = 1.0, fixed_bytes: float = 0.0) -> float:
     """Compute time at `eta` of the peak against the time of the bytes beyond
     `fixed_bytes` at `hbm` x the bandwidth: their `ROOFLINE_P`-norm."""
+    compute, memory = self.terms_s(peak_flops_per_s, hbm_bytes_per_s, eta, hbm, fixed_bytes)
+    return (compute ** ROOFLINE_P + memory ** ROOFLINE_P) ** (1 / ROOFLINE_P)
+
+  def terms_s(self, peak_flops_per_s: float, hbm_bytes_per_s: float, eta: float = 1.0,
+              hbm: float = 1.0, fixed_bytes: float = 0.0) -> tuple[float, float]:
+    """(compute, memory) seconds as the roofline weighs them: the FLOPs at `eta` of the
+    peak, the bytes beyond `fixed_bytes` at `hbm` x the bandwidth. Near the ridge both
+    count; well below it (BERT-large: compute 2.7x the memory term) a cut in bytes moves
+    the step by about (memory / compute)^2 of the cut."""
     compute = self.flops / (peak_flops_per_s * eta)
     memory = max(self.hbm_bytes - fixed_bytes, 0.0) / (hbm_bytes_per_s * hbm)
-    return (compute ** ROOFLINE_P + memory ** ROOFLINE_P) ** (1 / ROOFLINE_P)
+    return compute, memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +190,10 @@ class Terms:
   evals: float
   mfu: float
   fixed_s: float = 0.0          # the fixed work's share of device_step_s
+  # The train step's two roofline terms as weighed (`StepCost.terms_s`; of the mean
+  # program where replicas run several): device_step_s - fixed_s is their soft maximum.
+  compute_s: float = 0.0
+  memory_s: float = 0.0
 
   @property
   def train_s(self) -> float:
@@ -218,10 +231,13 @@ def predict(x: Inputs, c: Constants) -> Terms:
   eval_each = (x.eval_batches * (fixed + x.eval_collective_s + x.eval_batch_cost.roofline_s(
       x.peak_flops_per_s, x.hbm_bytes_per_s, eta, c.hbm)) + c.eval_overhead_s)
   mfu = x.model_flops_per_step / (step * x.devices * x.peak_flops_per_s)
+  compute_s, memory_s = x.train.terms_s(x.peak_flops_per_s, x.hbm_bytes_per_s, eta, c.hbm,
+                                        fixed_bytes)
   return Terms(device_step_s=device, collective_s=collective, overhead_s=c.step_overhead_s,
                input_step_s=input_s, step_s=step, steps=x.steps,
                warmup_s=c.warmup_for(x.workload),
-               eval_each_s=eval_each, evals=x.evals, mfu=mfu, fixed_s=fixed)
+               eval_each_s=eval_each, evals=x.evals, mfu=mfu, fixed_s=fixed,
+               compute_s=compute_s, memory_s=memory_s)
 
 
 def slowest_of(times: list[tuple[float, float]], replicas: int) -> float:

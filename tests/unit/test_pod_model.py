@@ -77,6 +77,7 @@ def test_the_time_to_train_is_the_sum_of_its_printed_terms():
   # Compute 1e12 / (1e14 x 0.5) against 5e9 B / 1e12 B/s, plus 1e11 fixed FLOPs at peak.
   assert t.device_step_s == pytest.approx(_soft(0.020, 0.005) + 0.001)
   assert t.fixed_s == pytest.approx(0.001)
+  assert (t.compute_s, t.memory_s) == pytest.approx((0.020, 0.005))
   assert t.step_s == pytest.approx(t.device_step_s + 0.5 * 0.002 + 0.001)
   assert t.eval_each_s == pytest.approx(3 * (0.001 + _soft(0.002, 0.001)) + 0.5)
   assert t.total_s == pytest.approx(7.0 + 1000 * t.step_s + 10 * t.eval_each_s)
@@ -99,6 +100,24 @@ def test_the_roofline_counts_only_the_bytes_that_grow_with_the_batch():
                           fixed_bytes_per_param=40.0)
   x = _inputs(train=step, param_bytes_per_device=1e9, collective_s=0.0)
   assert timemodel.predict(x, c).device_step_s == pytest.approx(_soft(0.010, 0.005))
+
+
+def test_a_cut_in_bytes_below_the_ridge_moves_the_step_by_the_memory_terms_square_share():
+  # Issue 54's reduced BERT-large with the dropout kernel, in the model's terms: compute at
+  # eta 25.6 ms, bytes beyond the weights' 11.2 -> 8.2 ms. The HBM bound falls 18%, the
+  # device step 1.6% (0.41 ms), about (M / C)^2 of the 3 ms cut.
+  c = timemodel.Constants(eta=0.5, hbm=1.0, fixed_flops=0.0, warmup_s=0.0, eval_overhead_s=0.0)
+  before = timemodel.predict(_inputs(train=timemodel.StepCost(1.28e12, 11.2e9)), c)
+  after = timemodel.predict(_inputs(train=timemodel.StepCost(1.28e12, 8.2e9)), c)
+  assert (before.compute_s, before.memory_s, after.memory_s) == pytest.approx(
+      (0.0256, 0.0112, 0.0082))
+  moved = before.device_step_s - after.device_step_s
+  assert moved == pytest.approx(_soft(0.0256, 0.0112) - _soft(0.0256, 0.0082))
+  assert 0.2 * 0.003 * (0.0082 / 0.0256) ** 2 < moved < 0.003 * (0.0112 / 0.0256) ** 2
+  # Memory-bound (compute at eta 5 ms), the same cut moves it nearly one for one.
+  mem = [timemodel.predict(_inputs(train=timemodel.StepCost(0.25e12, b)), c).device_step_s
+         for b in (11.2e9, 8.2e9)]
+  assert mem[0] - mem[1] > 0.9 * 0.003
 
 
 def test_cached_compiles_interpolate_in_the_batch():

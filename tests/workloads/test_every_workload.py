@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
 
 from mlbench import rules
+from mlbench.pod import hbm, hloops, xlacost
 from mlbench.train import evaluate, mesh as mesh_lib
 from mlbench.train.plan import harness_hparams
 from mlbench.workload import Split
@@ -71,3 +73,19 @@ def test_logged_hyperparameters_satisfy_every_ruleset(compiled):
     for ruleset in _binding(w, config_name):
       assert rules.load(w.benchmark, ruleset).problems(logged, closed=True) == [], (
           config_name, ruleset)
+
+
+def test_the_train_steps_bytes_break_down_by_kind_into_xlas_count(compiled):
+  """The parts add up to XLA's bytes accessed; on XLA:CPU (XLA's own cost analysis, no
+  memory-space copies) the ops' bytes are its count, nothing is left unattributed."""
+  train = compiled.programs.train
+  total = xlacost.cost_analysis(train)["bytes accessed"]
+  text = train.as_text()
+  ops = hloops.from_text(text)
+  b = hbm.breakdown(ops, total)
+  assert sum(b.parts.values()) == pytest.approx(total)
+  assert abs(b.unattributed) <= 1e-3 * total, b.parts
+  assert b.parts[hbm.MATMULS] > 0 and b.parts[hbm.OPTIMIZER] > 0, b.parts
+  assert b.parts[hbm.OTHER] < 0.05 * total, b.parts
+  if "attention" in text:  # the transformers: their scores and masks found
+    assert b.parts[hbm.ATTENTION] > 0 and b.layers >= 2, b.parts

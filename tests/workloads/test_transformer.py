@@ -210,8 +210,18 @@ def test_closed_form_label_smoothing_equals_the_one_hot_formula(a, dtype):
                              atol=1e-6 if dtype == jnp.float32 else 1e-2)
 
 
+def test_the_loss_slices_positions_by_the_bytes_of_a_devices_logits():
+  from workloads.transformer import train
+
+  v = config.full().model.vocab_size
+  # 256 rows a device (one v3 core at batch 2,048 on v3-16): 32 positions a slice, as the
+  # fixed slices were; the full config's 32 rows a device on v4-128 score whole rows.
+  assert [train.loss_chunk(rows, 256, v) for rows in (256, 64, 32)] == [32, 128, 256]
+  assert train.loss_chunk(10**6, 256, v) == 1 and train.loss_chunk(4, 24, 1000) == 24
+
+
 def test_loss_over_slices_of_positions_equals_the_loss_over_whole_logits(monkeypatch):
-  # The loss projects and scores LOSS_CHUNK positions at a time (under remat); value,
+  # The loss projects and scores slices of positions at a time (under remat); value,
   # accuracy and gradients must be those of the whole [B, L, V] logits.
   from workloads.transformer import train
 
@@ -232,7 +242,9 @@ def test_loss_over_slices_of_positions_equals_the_loss_over_whole_logits(monkeyp
     nll, hits = train.token_losses(cfg, p, features, targets, 0.1)
     return (nll * w).sum(), hits
 
-  monkeypatch.setattr(train, "LOSS_CHUNK", 8)  # 24 positions: 3 slices
+  # 4 rows of 24 positions over 1,000 words: 8 positions' float32 logits fit, 3 slices.
+  monkeypatch.setattr(train, "LOSS_BYTES", 4 * 8 * cfg.model.vocab_size * 4)
+  assert train.loss_chunk(4, 24, cfg.model.vocab_size) == 8
   (want, want_hits), want_grad = jax.value_and_grad(whole, has_aux=True)(params)
   (got, got_hits), got_grad = jax.value_and_grad(sliced, has_aux=True)(params)
   np.testing.assert_allclose(got, want, rtol=1e-5)
