@@ -73,7 +73,7 @@ def plan_cmd(workload: str, config_name: str, overrides: tuple[str, ...], slices
   --runs runs, chip-hours, and whether it fits in HBM (with the fix when not).
   """
   from mlbench import config as config_lib, registry, rules
-  from mlbench.pod import check, plan as plan_lib, plancost, rcp, uncertainty
+  from mlbench.pod import oom, plan as plan_lib, plancost, rcp, uncertainty
 
   if plot_file is not None and (plot_file.exists() or not plot_file.parent.is_dir()):
     raise UserError(f"--plot {plot_file}: " + ("exists; choose another name (mlbench never "
@@ -94,7 +94,7 @@ def plan_cmd(workload: str, config_name: str, overrides: tuple[str, ...], slices
       points_of=plancost.points_fn(workload, config_name, tuple(overrides), rule, table),
       workload=workload, eval_examples=wl.schedule(cfg).eval_examples,
       runs=runs or rule.runs, objective=plan_lib.Objective(objective),
-      remat_hint=check.remat_hint(cfg), spread=uncertainty.describe)
+      remat_hint=oom.remat_hint(cfg), spread=uncertainty.describe)
   title = f"{workload} --config {name}, {table.source} RCPs, score of {result.runs} runs"
   # The table is the command's output (`mlbench plan ... > plan.txt`); with --json the
   # JSON is, and the table joins the notes on stderr.

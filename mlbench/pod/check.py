@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from typing import TYPE_CHECKING, Any
 
-from mlbench import accelerators, fields
-from mlbench.errors import UserError
-from mlbench.pod import (estimate, hbm, hlo, hloops, hloproto, predict as predict_lib, quiet,
-                        timemodel, uncertainty, xlacost)
+from mlbench import accelerators
+from mlbench.pod import (estimate, hbm, hlo, hloops, hloproto, oom, predict as predict_lib,
+                        quiet, timemodel, uncertainty, xlacost)
 from mlbench.pod.hlo import COLLECTIVES
 
 if TYPE_CHECKING:
   from mlbench.config import RunConfig
   from mlbench.train.plan import Plan
 
-__all__ = ["COLLECTIVES", "CheckReport", "DoesNotFit", "ProgramReport", "dry_run"]
+__all__ = ["COLLECTIVES", "CheckReport", "ProgramReport", "dry_run"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,50 +168,6 @@ def _program(name: str, compiled: Any, devices: int) -> ProgramReport:
       hbm=None if read.ops is None or accessed is None else hbm.breakdown(read.ops, accessed))
 
 
-class DoesNotFit(UserError):
-  """XLA's compile-time out-of-memory, as one line with what to try; `need_bytes` and
-  `have_bytes` per device where XLA said them."""
-
-  def __init__(self, message: str, need_bytes: float | None = None,
-               have_bytes: float | None = None):
-    super().__init__(message)
-    self.need_bytes, self.have_bytes = need_bytes, have_bytes
-
-
-_OOM = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM "
-                  r"\(([\d.]+)([KMGT]?)\)")
-_UNIT = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def _does_not_fit(plan: Plan, where: str, error: Exception) -> DoesNotFit:
-  """The one-line error for XLA's compile-time out-of-memory, with what to try."""
-  data = int(plan.mesh.shape.get("data", 1))
-  m = _OOM.search(str(error))
-  need, smaller = "", max(data, plan.gbs // 2 // data * data)
-  need_b = have_b = None
-  if m:
-    need_b = float(m.group(1)) * _UNIT[m.group(2)]
-    have_b = float(m.group(3)) * _UNIT[m.group(4)]
-    need = f": {need_b / 2**30:,.1f} GiB of temporaries per device, {have_b / 2**30:,.1f} GiB of HBM"
-    # Temporaries grow about linearly with the per-device batch.
-    smaller = max(data, int(plan.gbs * have_b / need_b * 0.8) // data * data)
-  batch = (f", or a smaller per-chip batch (--set global_batch_size={smaller})"
-           if smaller < plan.gbs else " (the batch is already one example per data shard)")
-  return DoesNotFit(
-      f"{plan.workload.name} --config {plan.config_name} at global batch {plan.gbs} does not "
-      f"fit on {where}{need}; try --weight-update-sharding, a model axis (--mesh data=N,model=M)"
-      f"{remat_hint(plan.cfg)}{batch}", need_b, have_b)
-
-
-def remat_hint(cfg: Any) -> str:
-  """`, remat (--set model.remat=full)` where the config has that key, else nothing: a hint
-  to set a key the workload lacks would only be refused as unknown."""
-  remat = fields.REMAT.get(cfg)
-  if remat is None or remat is fields.Remat.FULL:
-    return ""
-  return f", remat (--set {fields.REMAT.key}=full)"
-
-
 def _compile(plan: Plan, where: str) -> Any:
   from mlbench.train import steps
 
@@ -222,7 +176,7 @@ def _compile(plan: Plan, where: str) -> Any:
                                   plan.tx, weight_update_sharding=plan.rc.weight_update_sharding)
   except Exception as e:  # XLA raises JaxRuntimeError (a RuntimeError) for compile-time OOM.
     if "CompileTimeHbmOom" in str(e) or "RESOURCE_EXHAUSTED" in str(e):
-      raise _does_not_fit(plan, where, e) from None
+      raise oom.does_not_fit(plan, where, e) from None
     raise
 
 
@@ -320,11 +274,14 @@ def _predict(plan: Plan, acc: accelerators.Accelerator, reports: tuple[ProgramRe
 
 
 def _cost_of(p: ProgramReport, devices: int, least_flops: float) -> timemodel.StepCost:
-  """A program's per-device cost. Its FLOPs are at least `least_flops` (the train step's
-  model FLOPs; `estimate.run_step` takes the same floor): XLA counts a while loop's body
-  once, so a scanned layer stack (llama31_8b, gpt_oss_20b) reads as one layer's work."""
+  """A program's per-device cost. XLA counts a while loop's body once, so a scanned layer
+  stack (llama31_8b, gpt_oss_20b) reads as one layer's work: its FLOPs are at least
+  `least_flops` (the model's; `estimate.run_step` takes the same floor), its bytes those
+  of every trip (the body's repeats read from the program: `hbm.Breakdown.loop_repeats`)."""
   flops = max(float(p.flops or 0.0), least_flops)
-  return timemodel.StepCost(flops=flops / devices, hbm_bytes=float(p.bytes_accessed or 0.0))
+  repeats = p.hbm.loop_repeats if p.hbm is not None and p.bytes_accessed else 0.0
+  return timemodel.StepCost(flops=flops / devices,
+                            hbm_bytes=float(p.bytes_accessed or 0.0) + repeats)
 
 
 def fit_eval_batch(rc: RunConfig, devices: int) -> tuple[RunConfig, str | None]:

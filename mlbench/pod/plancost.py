@@ -130,7 +130,7 @@ def compile_record(workload: str, config: str, overrides: tuple[str, ...], proxy
   import jax
 
   from mlbench.config import RunConfig
-  from mlbench.pod import check, topology
+  from mlbench.pod import check, oom, topology
   from mlbench.train import compile_cache
   from mlbench.train.plan import make_plan
 
@@ -149,7 +149,7 @@ def compile_record(workload: str, config: str, overrides: tuple[str, ...], proxy
           "per_device_batch": per_device, "command": command, "versions": _versions()}
   try:
     report = check.dry_run(plan, topology=proxy)
-  except check.DoesNotFit as e:
+  except oom.DoesNotFit as e:
     return {**base, "train": None, "eval": None, "need_bytes": e.need_bytes,
             "hbm_bytes": e.have_bytes, "error": str(e)}
   train, evaluation = report.programs[0], report.programs[1]

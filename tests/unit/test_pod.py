@@ -88,17 +88,17 @@ def test_a_result_log_gives_the_samples_to_converge(write_log, tmp_path):
 def test_the_does_not_fit_hint_names_remat_only_where_the_config_has_it():
   import dataclasses
 
-  from mlbench.pod import check
+  from mlbench.pod import oom
   from workloads.bert import config as bert_config
   from workloads.llama31_8b import config as llama_config
   from workloads.resnet50 import config as resnet_config
 
-  assert check.remat_hint(resnet_config.full()) == ""  # ResNet-50 has no model.remat key
-  assert check.remat_hint(bert_config.full()) == ", remat (--set model.remat=full)"
-  assert check.remat_hint(llama_config.full()) == ""  # already full remat
+  assert oom.remat_hint(resnet_config.full()) == ""  # ResNet-50 has no model.remat key
+  assert oom.remat_hint(bert_config.full()) == ", remat (--set model.remat=full)"
+  assert oom.remat_hint(llama_config.full()) == ""  # already full remat
   no_remat = llama_config.mini()
   assert no_remat.model.remat is llama_config.Remat.NONE
-  assert check.remat_hint(no_remat) == ", remat (--set model.remat=full)"
+  assert oom.remat_hint(no_remat) == ", remat (--set model.remat=full)"
   dots = dataclasses.replace(no_remat, model=dataclasses.replace(
       no_remat.model, remat=llama_config.Remat.DOTS))
-  assert "model.remat=full" in check.remat_hint(dots)
+  assert "model.remat=full" in oom.remat_hint(dots)

@@ -293,3 +293,15 @@ def test_a_train_step_without_readable_collectives_still_gets_mfu_and_a_predicti
                      model_flops=model_flops, convergence=predict.Convergence(3e6, "test"))
   assert q.roofline.compute_s == pytest.approx(p.roofline.compute_s)
   assert q.step_s == pytest.approx(p.step_s) and q.mfu < 1
+  # Its bytes likewise: the body's repeat trips (read from the program's loops) count.
+  from mlbench.pod import hbm
+
+  once = dict(unknown, flops=model_flops, bytes_accessed=4e9)
+  looped = dict(once, hbm=hbm.Breakdown(total=4e9, parts={}, in_layers={}, layers=0,
+                                        loop_repeats=11 * 4e9))
+  r, s = (check._predict(plan, slice_.accelerator,
+                         tuple(check.ProgramReport(**{**d, "name": n}) for n in ("train step",
+                                                                                 "eval")),
+                         grad_bytes=1.4e9 / 2, model_flops=model_flops,
+                         convergence=predict.Convergence(3e6, "test")) for d in (once, looped))
+  assert s.roofline.hbm_s == pytest.approx(12 * r.roofline.hbm_s)
