@@ -94,13 +94,10 @@ def row(name: str, r: dict) -> dict:
   devices = 1
   for n in r["mesh"].values():
     devices *= n
-  # XLA counts a loop's body once: the bounds with its repeats' bytes, and with no fewer
-  # FLOPs than the model's (the analytic count), are what the step runs.
-  repeats = b.get("loop_repeats", 0.0) / (b.get("total") or 1.0)
-  model = p["model_flops_per_step"] / max(train["flops"] or 1.0, 1.0)
+  # XLA counts a loop's body once; check's bounds take its repeats' bytes and no fewer
+  # FLOPs than the model's (the analytic count): what the step runs.
   return {"name": name, "compute_ms": 1e3 * roof["compute_s"], "hbm_ms": 1e3 * roof["hbm_s"],
-          "compute_runs_ms": 1e3 * roof["compute_s"] * max(1.0, model),
-          "hbm_runs_ms": 1e3 * roof["hbm_s"] * (1.0 + repeats), "devices": devices,
+          "devices": devices,
           "xla_flops": train["flops"], "model_flops": p["model_flops_per_step"],
           "xla_ms": None if train["xla_seconds"] is None else 1e3 * train["xla_seconds"],
           "xla_note": train["xla_note"], "step_ms": 1e3 * p["step_s"],
@@ -121,21 +118,17 @@ def row(name: str, r: dict) -> dict:
 def print_tables(title: str, rows: list[dict]) -> None:
   print(f"\n{title}\n\n| variant | compute bound | HBM bound | HBM / compute | XLA's estimate "
         "| predicted step (compute at eta, HBM term, fixed, collectives) | sequences/s "
-        "| time to train | temporaries | bounds with loop repeats, model FLOPs |\n"
-        + "|---" * 10 + "|")
+        "| time to train | temporaries |\n" + "|---" * 9 + "|")
   for r in rows:
     xla = f"{r['xla_ms']:.2f} ms" if r["xla_ms"] is not None else f"- ({r['xla_note'][:60]})"
-    runs = (f"{r['compute_runs_ms']:.2f}, {r['hbm_runs_ms']:.2f} ms"
-            if "hbm_runs_ms" in r else "-")
     terms = ", ".join(f"{t:.1f}" for t in r.get("terms_ms", ()))
     terms = f" ({terms})" if terms else ""
     print(f"| {r['name']} | {r['compute_ms']:.2f} ms | {r['hbm_ms']:.2f} ms | "
           f"{r['hbm_ms'] / r['compute_ms']:.2f}x | {xla} | {r['step_ms']:.2f} ms{terms} | "
-          f"{r['samples_per_s']:,.0f} | {r['ttt_min']:.2f} min | {r['temp_gib']:.2f} GiB | "
-          f"{runs} |")
+          f"{r['samples_per_s']:,.0f} | {r['ttt_min']:.2f} min | {r['temp_gib']:.2f} GiB |")
   print("\nHBM GB per device per step, by kind (XLA's count; per numbered layer in brackets)\n\n"
         "| variant | total | " + " | ".join(SHORT) + " | of all: between memories | in "
-        "memory space 0 | loops' repeats (not counted) |\n" + "|---" * (len(SHORT) + 5) + "|")
+        "memory space 0 | loops' repeats (in the HBM bound) |\n" + "|---" * (len(SHORT) + 5) + "|")
   for r in rows:
     cells = []
     for k in KINDS:
