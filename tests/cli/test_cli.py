@@ -28,7 +28,7 @@ def test_a_bad_request_is_one_line_on_stderr_with_exit_code_2(mlbench):
   out = mlbench("run", "resnet51", timeout=120)
   assert out.returncode == 2
   assert out.stderr == ("error: unknown workload 'resnet51'; choose one of: bert, efficientnet, "
-                        "llama31_8b, moe, resnet50, ssd, transformer, vit\n")
+                        "gpt_oss_20b, llama31_8b, moe, resnet50, ssd, transformer, vit\n")
   assert out.stdout == ""
 
 
@@ -51,8 +51,8 @@ def test_a_bad_request_is_one_line_on_stderr_with_exit_code_2(mlbench):
     (["run", "resnet50", "--runs", "0"], "error: Invalid value for '--runs'"),
     (["run", "resnet50", "--bogus"], "error: no such option --bogus"),
     (["describe", "resnet5"],
-     "error: unknown workload 'resnet5'; choose one of: bert, efficientnet, llama31_8b, moe, "
-     "resnet50, ssd, transformer, vit"),
+     "error: unknown workload 'resnet5'; choose one of: bert, efficientnet, gpt_oss_20b, "
+     "llama31_8b, moe, resnet50, ssd, transformer, vit"),
     (["run", "ssd", "--ruleset", "4.0.0"],
      "error: ssd does not implement the 4.0.0 ssd benchmark; choose --ruleset from: 0.7.0, mini"),
     (["run", "transformer", "--config", "full", "--data-dir", "/nonexistent/wmt"],

@@ -210,7 +210,7 @@ def test_compare_scores_a_bucket_and_names_it_as_given(bucket, write_log, tmp_pa
   [entry] = json.loads((tmp_path / "scores.json").read_text())["entries"]
   assert entry["source"] == f"{bucket}/package" and len(entry["runs"]) == 2
   assert all(run["converged"] for run in entry["runs"])
-  assert f"{bucket}/package" in capsys.readouterr().err  # The table names the bucket.
+  assert f"{bucket}/package" in capsys.readouterr().out  # The table names the bucket.
 
 
 def test_a_result_log_in_a_bucket_reads_as_on_a_disk(bucket):

@@ -109,9 +109,9 @@ def test_a_run_into_a_bucket_is_stopped_resumed_from_it_and_validated(bucket, da
   capsys.readouterr()
   assert main(["validate", report["log"]]) == 0, capsys.readouterr().err[-3000:]
   assert main(["validate", f"{bucket}/results"]) == 1  # One run of the five a result needs.
-  err = capsys.readouterr().err
-  assert "runs: 1 result_*.txt files" in err and "system cpu-test.json: " in err
-  assert "note: ignoring 1 log(s) of runs still in progress" in err
+  said = capsys.readouterr()  # The report on stdout, notes on stderr.
+  assert "runs: 1 result_*.txt files" in said.out and "system cpu-test.json: " in said.out
+  assert "note: ignoring 1 log(s) of runs still in progress" in said.err
 
 
 def _srun(processes, cwd, *args: str) -> list:
