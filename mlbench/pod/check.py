@@ -138,11 +138,19 @@ def _read_program(compiled: Any, devices: int) -> _Read:
     try:
       proto = compiled.runtime_executable().hlo_modules()[0].as_serialized_hlo_module_proto()
       read = _Read("", hlo.collectives_from_proto(proto, devices),
-                   xlacost.custom_calls_from_proto(proto),
-                   hloproto.ops(hlo.module_proto(proto)), "HLO module proto")
+                   xlacost.custom_calls_from_proto(proto), _ops(proto), "HLO module proto")
     except Exception:
       read = _Read("", None, None, None, "unknown")
   return dataclasses.replace(read, error=noise.first_error() or "XLA could not print the program")
+
+
+def _ops(proto: bytes) -> list[hloops.Op] | None:
+  """The program's ops read from its proto; None where they cannot be (the collectives and
+  custom calls read from it stand without them)."""
+  try:
+    return hloproto.ops(hlo.module_proto(proto))
+  except Exception:
+    return None
 
 
 def _program(name: str, compiled: Any, devices: int) -> ProgramReport:
