@@ -152,6 +152,7 @@ def references(w) -> list[dict[str, str]]:
   workload's package: each full-config setting, the reference file and lines it was
   checked against, and the commit."""
   import importlib.resources
+  import itertools
 
   package = w.configs[w.default_config].__module__.rpartition(".")[0]
   try:
@@ -159,8 +160,10 @@ def references(w) -> list[dict[str, str]]:
   except (ModuleNotFoundError, OSError):
     return []
   _, found, rest = text.partition("## Checked against the references")
-  rows = [[c.strip() for c in ln.strip().strip("|").split("|")]
-          for ln in rest.splitlines() if ln.startswith("|")] if found else []
+  table = itertools.takewhile(lambda ln: ln.startswith("|"),  # its first table only
+                              itertools.dropwhile(lambda ln: not ln.startswith("|"),
+                                                  rest.splitlines()))
+  rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in table] if found else []
   if len(rows) < 2:
     return []
   return [dict(zip(rows[0], r)) for r in rows[2:]]  # rows[1] is the |---| line

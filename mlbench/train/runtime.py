@@ -121,13 +121,6 @@ def _start_distributed(dist: Distributed) -> None:
       raise UserError(f"jax.distributed found no {detected or 'cluster'} settings ({e}); give "
                       "--coordinator HOST:PORT, --num-processes N and --process-id I") from None
     print(f"warning: no TPU slice found ({e}); running as one process", file=sys.stderr)
-    return
-  from mlbench.train.lifecycle import peers
-
-  # Every command beats from here on, not only a run: a process that ends first waits in
-  # `leave` for the others, and one still compiling (a `check` whose compile cache only
-  # process 0 reads) must not read as gone for want of a first heartbeat.
-  peers.watch(jax.process_index(), jax.process_count())
 
 
 def _accelerator_attached() -> bool:

@@ -152,7 +152,9 @@ def test_only_process_0_writes_and_loads_in_a_two_process_run(processes, tmp_pat
   assert leader["writes"] >= 2 and follower["writes"] == 0
   assert len(_entries(cache)) == leader["writes"]
   leader2, follower2 = _two_process_check(processes, cache, tmp_path)
-  assert leader2["hits"] == leader["writes"] and leader2["writes"] == follower2["writes"] == 0
+  # Only process 0 writes; it may write a program the first run compiled in under
+  # MIN_COMPILE_SECONDS (not cached) and this one, on a busy machine, in more.
+  assert leader2["hits"] == leader["writes"] and follower2["writes"] == 0
   # Process 1 finds nothing on XLA:CPU: its key holds its own view of the devices'
   # topology (seen: only the accelerator_config part of the key differs), so it
   # compiles again, and the run waits for it at the first collective.

@@ -184,7 +184,9 @@ class PeerWatch:
       last = self._seen.get(peer)
       if last is None or last[0] != value:
         self._seen[peer] = (value, now)
-      elif now - last[1] > self._timeout_s:
+      elif now - last[1] > self._timeout_s and not (value is None and self.leaving):
+        # Once this process leaves, a peer that has not beaten yet is one whose command
+        # starts its watch only as it leaves (a `check` still compiling): `leave` waits.
         silent.append(peer)
     return silent
 
